@@ -1,0 +1,5 @@
+"""`python -m pycri` is the `pycri` command."""
+
+from pycri.cli import main
+
+main()

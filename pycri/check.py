@@ -1,0 +1,158 @@
+"""`pycri check`: inspect the host and say what works, what doesn't, and the fix.
+
+Each check is a small function returning a `Check`; `run_checks` runs them all
+and never raises, since the point is to report on a broken host.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from pycri.config import Config
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
+MIN_FREE_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _version(path: str) -> str:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unusable ({e})"
+    return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "?"
+
+
+def _binary(name: str, path: str, package: str) -> Check:
+    if not os.access(path, os.X_OK):
+        return Check(name, False, f"{path} not found", f"apt-get install {package}")
+    return Check(name, True, f"{path}: {_version(path)}")
+
+
+def cgroup_mode(root: Path = CGROUP_ROOT) -> str:
+    """'v2' (unified), 'hybrid' (v1 controllers + a v2 mount) or 'v1'."""
+    if (root / "cgroup.controllers").exists():
+        return "v2"
+    if (root / "unified" / "cgroup.controllers").exists():
+        return "hybrid"
+    return "v1"
+
+
+def v2_controllers(root: Path = CGROUP_ROOT) -> list[str]:
+    """Controllers bound to the v2 hierarchy (on a hybrid host, the 'unified' mount)."""
+    for f in (root / "cgroup.controllers", root / "unified" / "cgroup.controllers"):
+        if f.exists():
+            return f.read_text().split()
+    return []
+
+
+def _cgroups() -> Iterator[Check]:
+    mode = cgroup_mode()
+    yield Check("cgroups", True, f"mode {mode}")
+    if mode == "hybrid" and "hugetlb" in v2_controllers():
+        yield Check(
+            "crun on hybrid cgroups",
+            False,
+            "hugetlb is bound to the v2 hierarchy; crun 1.8 refuses to run containers here",
+            "mkdir -p /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb none "
+            "/sys/fs/cgroup/hugetlb (binds hugetlb to v1), or use the runc handler",
+        )
+
+
+def _overlay() -> Check:
+    fs = Path("/proc/filesystems").read_text()
+    if "overlay" in fs.split():
+        return Check("overlayfs", True, "supported by the kernel")
+    return Check("overlayfs", False, "not in /proc/filesystems", "modprobe overlay")
+
+
+def _namespaces() -> Check:
+    missing = [ns for ns in NAMESPACES if not Path(f"/proc/self/ns/{ns}").exists()]
+    if missing:
+        return Check(
+            "namespaces",
+            False,
+            f"missing: {', '.join(missing)}",
+            "use a kernel built with these namespaces",
+        )
+    return Check("namespaces", True, ", ".join(NAMESPACES))
+
+
+def _cni(cfg: Config) -> Iterator[Check]:
+    bins = [d for d in cfg.cni.bin_dirs if Path(d, "bridge").exists()]
+    if bins:
+        yield Check("CNI plugins", True, f"found in {', '.join(bins)}")
+    else:
+        yield Check(
+            "CNI plugins",
+            False,
+            f"no 'bridge' plugin in {', '.join(cfg.cni.bin_dirs)}",
+            "apt-get install containernetworking-plugins",
+        )
+    conf = Path(cfg.cni.conf_dir)
+    confs = sorted(p.name for p in conf.glob("*") if p.suffix in (".conf", ".conflist", ".json"))
+    if confs:
+        yield Check("CNI config", True, f"{conf}: {', '.join(confs)}")
+    elif cfg.cni.default_network:
+        yield Check(
+            "CNI config",
+            True,
+            f"{conf} is empty; the built-in default network ({cfg.cni.default_subnet}) "
+            "will be used",
+        )
+    else:
+        yield Check(
+            "CNI config",
+            False,
+            f"{conf} holds no network config",
+            f"write a .conflist into {conf} or set cni.default_network = true",
+        )
+
+
+def _disk(cfg: Config) -> Check:
+    path = Path(cfg.root)
+    while not path.exists():
+        path = path.parent
+    free = shutil.disk_usage(path).free
+    detail = f"{free / 1024**3:.1f} GiB free under {path}"
+    if free < MIN_FREE_BYTES:
+        return Check("disk", False, detail, f"free space under {cfg.root}")
+    return Check("disk", True, detail)
+
+
+def run_checks(cfg: Config) -> list[Check]:
+    producers: list[Callable[[], Check | Iterator[Check]]] = [
+        *(
+            (lambda n=name, h=h: _binary(f"runtime {n}", h.path, n))
+            for name, h in cfg.runtimes.items()
+        ),
+        lambda: _binary("conmon", cfg.conmon, "conmon"),
+        lambda: _binary("infra (catatonit)", cfg.infra_binary, "catatonit"),
+        _cgroups,
+        _overlay,
+        _namespaces,
+        lambda: _cni(cfg),
+        lambda: _disk(cfg),
+    ]
+    results: list[Check] = []
+    for produce in producers:
+        try:
+            out = produce()
+        except Exception as e:  # a broken host must still get a full report
+            results.append(Check(getattr(produce, "__name__", "check"), False, f"error: {e}"))
+            continue
+        results.extend([out] if isinstance(out, Check) else list(out))
+    return results

@@ -1,0 +1,229 @@
+"""pycri's configuration: TOML on disk, defaults that work on a fresh Debian host.
+
+Every key is declared once, in the dataclasses below; their field types drive
+validation, so an unknown key or a wrong type is reported with its dotted name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tomllib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
+
+
+class ConfigError(Exception):
+    """A configuration problem, worded as one line naming the key."""
+
+
+@dataclass
+class RuntimeHandler:
+    """One OCI runtime a RuntimeClass can select (`runtime_handler` in the CRI)."""
+
+    path: str = ""
+    root: str = ""  # empty: <state>/<handler name>
+    type: str = "oci"
+
+
+@dataclass
+class CNIConfig:
+    conf_dir: str = "/etc/cni/net.d"
+    bin_dirs: list[str] = field(default_factory=lambda: ["/opt/cni/bin", "/usr/lib/cni"])
+    # Use the conflist shipped in cni/ when conf_dir holds none.
+    default_network: bool = True
+    default_subnet: str = "10.85.0.0/16"
+    default_bridge: str = "pycri0"
+
+
+@dataclass
+class ImagesConfig:
+    registries_conf: str = "/etc/containers/registries.conf"
+    registries_conf_dir: str = "/etc/containers/registries.conf.d"
+    ca_file: str = ""
+    connect_timeout: float = 10.0
+    read_timeout: float = 30.0
+    # A pull that moves no byte for this long fails (the kubelet sets no deadline).
+    pull_progress_timeout: float = 60.0
+    max_concurrent_downloads: int = 3
+
+
+@dataclass
+class Config:
+    root: str = "/var/lib/pycri"
+    state: str = "/run/pycri"
+    socket: str = ""  # empty: <state>/pycri.sock
+    log_level: str = "info"
+    log_format: str = "text"
+    default_runtime: str = "runc"
+    cgroup_driver: str = "cgroupfs"
+    conmon: str = "/usr/bin/conmon"
+    infra_binary: str = "/usr/bin/catatonit"
+    pause_image: str = ""  # empty: the built-in infra (no image)
+    streaming_address: str = "127.0.0.1:0"
+    metrics_address: str = ""  # empty: no metrics endpoint
+    # Clamp containers' oom_score_adj to the daemon's own (root lacks CAP_SYS_RESOURCE here).
+    restrict_oom_score_adj: bool = True
+    runtimes: dict[str, RuntimeHandler] = field(
+        default_factory=lambda: {
+            "runc": RuntimeHandler(path="/usr/sbin/runc"),
+            "crun": RuntimeHandler(path="/usr/bin/crun"),
+        }
+    )
+    cni: CNIConfig = field(default_factory=CNIConfig)
+    images: ImagesConfig = field(default_factory=ImagesConfig)
+
+    # Paths derived from root/state; the only place that lays them out.
+    @property
+    def socket_path(self) -> Path:
+        return Path(self.socket) if self.socket else Path(self.state) / "pycri.sock"
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.root) / "pycri.db"
+
+    def runtime_root(self, handler: str) -> Path:
+        h = self.runtimes[handler]
+        return Path(h.root) if h.root else Path(self.state) / handler
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+CGROUP_DRIVERS = ("cgroupfs", "systemd")
+RUNTIME_TYPES = ("oci",)
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check `value` against the annotation `tp`; build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {type(value).__name__}")
+        return _build(tp, value, key)
+    if origin is dict:
+        _, vt = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table, got {type(value).__name__}")
+        return {k: _convert(v, vt, f"{key}.{k}") for k, v in value.items()}
+    if origin is list:
+        (et,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected an array, got {type(value).__name__}")
+        return [_convert(v, et, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp in (int, str, bool):
+        if type(value) is not tp:
+            raise ConfigError(f"{key}: expected {tp.__name__}, got {value!r}")
+        return value
+    raise ConfigError(f"{key}: unsupported type {tp}")  # pragma: no cover - schema bug
+
+
+def _build(cls: Any, data: dict[str, Any], prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for k, v in data.items():
+        key = f"{prefix}.{k}" if prefix else k
+        if k not in names:
+            raise ConfigError(f"{key}: unknown key")
+        kwargs[k] = _convert(v, hints[k], key)
+    obj = cls(**kwargs)
+    # A [runtimes.X] table replaces the default set only for the names it gives.
+    if cls is Config and "runtimes" in data:
+        merged = Config().runtimes
+        merged.update(obj.runtimes)
+        obj.runtimes = merged
+    return obj
+
+
+def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+
+
+def validate(cfg: Config, check_binaries: bool = True) -> None:
+    """Reject values that would only fail later, naming the key."""
+    _choice("log_level", cfg.log_level, LOG_LEVELS)
+    _choice("log_format", cfg.log_format, LOG_FORMATS)
+    _choice("cgroup_driver", cfg.cgroup_driver, CGROUP_DRIVERS)
+    for key in ("root", "state"):
+        if not os.path.isabs(getattr(cfg, key)):
+            raise ConfigError(f"{key}: must be an absolute path")
+    if cfg.default_runtime not in cfg.runtimes:
+        raise ConfigError(f"default_runtime: {cfg.default_runtime!r} is not a [runtimes] handler")
+    for name, h in cfg.runtimes.items():
+        _choice(f"runtimes.{name}.type", h.type, RUNTIME_TYPES)
+        if not h.path:
+            raise ConfigError(f"runtimes.{name}.path: must be set")
+    if cfg.images.max_concurrent_downloads < 1:
+        raise ConfigError("images.max_concurrent_downloads: must be at least 1")
+    for key in ("connect_timeout", "read_timeout", "pull_progress_timeout"):
+        if getattr(cfg.images, key) <= 0:
+            raise ConfigError(f"images.{key}: must be positive")
+    if check_binaries:
+        binaries = {f"runtimes.{n}.path": h.path for n, h in cfg.runtimes.items()}
+        binaries["conmon"] = cfg.conmon
+        if not cfg.pause_image:
+            binaries["infra_binary"] = cfg.infra_binary
+        for key, path in binaries.items():
+            if not _is_executable(path):
+                raise ConfigError(f"{key}: {path!r} is not an executable file")
+
+
+def _is_executable(path: str) -> bool:
+    resolved = path if os.path.isabs(path) else shutil.which(path)
+    return bool(resolved) and os.path.isfile(str(resolved)) and os.access(str(resolved), os.X_OK)
+
+
+def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read the TOML file (absent default path = defaults), apply CLI overrides."""
+    data: dict[str, Any] = {}
+    if path is None:
+        path = DEFAULT_CONFIG_PATH
+        required = False
+    else:
+        required = True
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        if required:
+            raise ConfigError(f"config file {path}: not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
+    for k, v in (overrides or {}).items():
+        if v is not None:
+            data[k] = v
+    cfg: Config = _build(Config, data)
+    return cfg
+
+
+def to_toml(cfg: Config) -> str:
+    """The effective configuration, derived defaults filled in."""
+    data = dataclasses.asdict(cfg)
+    data["socket"] = str(cfg.socket_path)
+    for name in cfg.runtimes:
+        data["runtimes"][name]["root"] = str(cfg.runtime_root(name))
+    return tomli_w.dumps(data)
+
+
+__all__ = [
+    "CNIConfig",
+    "Config",
+    "ConfigError",
+    "ImagesConfig",
+    "RuntimeHandler",
+    "load",
+    "to_toml",
+    "validate",
+]

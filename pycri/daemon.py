@@ -1,0 +1,142 @@
+"""`pycri serve`: wire the components together and run the gRPC server.
+
+Lifecycle rules set here for every later component:
+- one daemon per state dir (an flock), a live socket is never taken over;
+- SIGTERM/SIGINT stop accepting, let in-flight calls finish, exit 0 — and
+  leave containers running (their monitors are not our children to kill);
+- the daemon is a child subreaper, so monitors that daemonize are re-parented
+  to it while it runs, and to init after it exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import grpc
+
+from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.config import Config
+from pycri.server.runtime_service import RuntimeServicer
+from pycri.server.unimplemented import complete
+from pycri.status import NodeStatus
+from pycri.store import Store
+
+log = logging.getLogger("pycri")
+
+# In-flight RPCs get this long to finish after SIGTERM.
+SHUTDOWN_GRACE = 10.0
+SOCKET_MODE = 0o660
+
+
+class DaemonError(Exception):
+    """A start-up problem worth one clear line to the operator."""
+
+
+def _become_subreaper() -> None:
+    import prctl
+
+    prctl.set_child_subreaper(1)
+
+
+def _lock_state_dir(state: Path) -> int:
+    """Hold an exclusive lock on <state>/pycri.lock for the daemon's lifetime."""
+    state.mkdir(parents=True, exist_ok=True, mode=0o711)
+    fd = os.open(state / "pycri.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DaemonError(f"another pycri is running with state dir {state}") from None
+    return fd
+
+
+def _claim_socket(path: Path) -> None:
+    """Remove a stale socket left by a crashed run; refuse a live one."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+    if not path.exists() and not path.is_symlink():
+        return
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except OSError as e:
+        if e.errno not in (errno.ECONNREFUSED, errno.ENOENT, errno.ENOTSOCK):
+            raise DaemonError(f"socket {path}: {e.strerror}") from None
+        log.info("removing stale socket %s", path)
+        path.unlink(missing_ok=True)
+    else:
+        raise DaemonError(f"socket {path} is served by another process; not taking it over")
+    finally:
+        probe.close()
+
+
+@complete("runtime.v1.ImageService", pb_grpc.ImageServiceServicer)
+class _ImagesNotBuilt(pb_grpc.ImageServiceServicer):
+    """Every image RPC answers UNIMPLEMENTED until the image service is wired in."""
+
+
+class Daemon:
+    """Owns the store, the domain components and the gRPC server."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.store: Store | None = None
+        self.server: grpc.aio.Server | None = None
+        self._lock_fd: int | None = None
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        self._lock_fd = _lock_state_dir(Path(cfg.state))
+        _become_subreaper()
+        Path(cfg.root).mkdir(parents=True, exist_ok=True, mode=0o711)
+        self.store = Store(cfg.db_path)
+        node = NodeStatus(cfg, self.store)
+        sock = cfg.socket_path
+        _claim_socket(sock)
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+                ("grpc.max_send_message_length", 32 * 1024 * 1024),
+            ]
+        )
+        pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(node), server)
+        pb_grpc.add_ImageServiceServicer_to_server(_ImagesNotBuilt(), server)
+        if server.add_insecure_port(f"unix:{sock}") == 0:
+            raise DaemonError(f"cannot listen on {sock}")
+        await server.start()
+        os.chmod(sock, SOCKET_MODE)
+        self.server = server
+        log.info("pycri serving on unix://%s (root %s, state %s)", sock, cfg.root, cfg.state)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(SHUTDOWN_GRACE)
+            self.server = None
+            # Only a socket we served is ours to remove; a refused start leaves it alone.
+            self.cfg.socket_path.unlink(missing_ok=True)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    async def run(self) -> None:
+        """Serve until SIGTERM or SIGINT, then shut down gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await self.start()
+            await stop.wait()
+            log.info("signal received; finishing in-flight calls")
+        finally:
+            await self.stop()
+        log.info("pycri stopped")

@@ -1,0 +1,1 @@
+"""gRPC servicers: translate CRI messages to domain calls and back, nothing more."""

@@ -1,0 +1,65 @@
+"""Translate domain errors into gRPC status codes, in one place.
+
+Servicer methods are wrapped with `@rpc`; a domain error becomes the status
+the kubelet expects, and anything unexpected becomes INTERNAL with the
+exception logged, never a crashed call or a dead server.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+
+from pycri import errors
+
+log = logging.getLogger("pycri.rpc")
+
+CODES: dict[type[errors.PycriError], grpc.StatusCode] = {
+    errors.NotFound: grpc.StatusCode.NOT_FOUND,
+    errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
+    errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+R = TypeVar("R")
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
+
+
+def status_code(exc: errors.PycriError) -> grpc.StatusCode:
+    for cls in type(exc).__mro__:
+        if cls in CODES:
+            return CODES[cls]
+    return grpc.StatusCode.UNKNOWN
+
+
+def rpc(fn: Handler[R]) -> Handler[R]:
+    """Wrap a servicer method: log it, map domain errors to status codes."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        log.debug("%s %s", name, _short(request))
+        try:
+            return await fn(self, request, context)
+        except errors.PycriError as e:
+            log.info("%s failed: %s", name, e)
+            await context.abort(status_code(e), str(e))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            log.exception("%s: unexpected error", name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+        raise AssertionError("unreachable")  # pragma: no cover - abort always raises
+
+    return wrapper
+
+
+def _short(request: Any) -> str:
+    text = str(request).replace("\n", " ")
+    return text if len(text) <= 300 else text[:300] + "…"

@@ -1,0 +1,59 @@
+"""runtime.v1.RuntimeService: CRI messages in, domain calls, CRI messages out."""
+
+from __future__ import annotations
+
+import grpc
+
+from pycri import __version__
+from pycri.api import api_pb2 as pb
+from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.server.errors import rpc
+from pycri.server.unimplemented import complete
+from pycri.status import KUBE_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, NodeStatus
+
+Ctx = grpc.aio.ServicerContext
+
+
+@complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
+class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
+    def __init__(self, node: NodeStatus) -> None:
+        self.node = node
+
+    @rpc
+    async def Version(self, request: pb.VersionRequest, context: Ctx) -> pb.VersionResponse:
+        return pb.VersionResponse(
+            version=KUBE_API_VERSION,
+            runtime_name=RUNTIME_NAME,
+            runtime_version=__version__,
+            runtime_api_version=RUNTIME_API_VERSION,
+        )
+
+    @rpc
+    async def Status(self, request: pb.StatusRequest, context: Ctx) -> pb.StatusResponse:
+        conditions = [
+            pb.RuntimeCondition(type=c.type, status=c.status, reason=c.reason, message=c.message)
+            for c in self.node.conditions()
+        ]
+        return pb.StatusResponse(
+            status=pb.RuntimeStatus(conditions=conditions),
+            info=self.node.verbose_info() if request.verbose else {},
+            runtime_handlers=[
+                pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures())
+                for name in self.node.handlers()
+            ],
+            features=pb.RuntimeFeatures(),
+        )
+
+    @rpc
+    async def RuntimeConfig(
+        self, request: pb.RuntimeConfigRequest, context: Ctx
+    ) -> pb.RuntimeConfigResponse:
+        driver = pb.SYSTEMD if self.node.cfg.cgroup_driver == "systemd" else pb.CGROUPFS
+        return pb.RuntimeConfigResponse(linux=pb.LinuxRuntimeConfiguration(cgroup_driver=driver))
+
+    @rpc
+    async def UpdateRuntimeConfig(
+        self, request: pb.UpdateRuntimeConfigRequest, context: Ctx
+    ) -> pb.UpdateRuntimeConfigResponse:
+        self.node.update_pod_cidr(request.runtime_config.network_config.pod_cidr)
+        return pb.UpdateRuntimeConfigResponse()

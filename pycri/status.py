@@ -1,0 +1,84 @@
+"""The node-level answers of the runtime: version, readiness, runtime config.
+
+Kept apart from the gRPC servicer so the rules (what makes the runtime or the
+network "ready") live in plain Python and are tested without a server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pycri import __version__
+from pycri.config import Config
+from pycri.store import Store
+
+RUNTIME_NAME = "pycri"
+RUNTIME_API_VERSION = "v1"
+# The version of the CRI client API this runtime implements; crictl prints it.
+KUBE_API_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str = ""
+    message: str = ""
+
+
+# A callable answering (ready, reason, message) for pod networking; the CNI
+# manager provides it once networking is wired in.
+NetworkProbe = Callable[[], tuple[bool, str, str]]
+
+
+def _no_network() -> tuple[bool, str, str]:
+    return False, "NetworkPluginNotReady", "pod networking is not configured in this build"
+
+
+class NodeStatus:
+    """Answers Version, Status, RuntimeConfig and keeps UpdateRuntimeConfig's pod CIDR."""
+
+    def __init__(self, cfg: Config, store: Store, network: NetworkProbe = _no_network) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.network = network
+
+    @property
+    def pod_cidr(self) -> str:
+        rec = self.store.get("runtime", "config")
+        return str(rec.get("pod_cidr", "")) if rec else ""
+
+    def update_pod_cidr(self, cidr: str) -> None:
+        """Keep the kubelet's pod CIDR (written through, so it survives a restart)."""
+        if cidr:
+            self.store.put("runtime", "config", {"pod_cidr": cidr})
+
+    def conditions(self) -> list[Condition]:
+        handler = self.cfg.runtimes[self.cfg.default_runtime]
+        if os.access(handler.path, os.X_OK):
+            runtime = Condition("RuntimeReady", True)
+        else:
+            runtime = Condition(
+                "RuntimeReady",
+                False,
+                "RuntimeBinaryMissing",
+                f"default runtime {self.cfg.default_runtime!r}: {handler.path} is not executable",
+            )
+        ready, reason, message = self.network()
+        return [runtime, Condition("NetworkReady", ready, reason, message)]
+
+    def handlers(self) -> list[str]:
+        """Runtime handler names; "" is the default handler, as the kubelet expects."""
+        return ["", *sorted(self.cfg.runtimes)]
+
+    def verbose_info(self) -> dict[str, str]:
+        info = {
+            "config": dataclasses.asdict(self.cfg),
+            "podCIDR": self.pod_cidr,
+            "version": __version__,
+        }
+        return {"info": json.dumps(info, sort_keys=True)}

@@ -1,0 +1,100 @@
+"""Metadata store: SQLite on disk, a dict in memory.
+
+Every state change is written through to SQLite before the RPC that made it
+returns, so a crash loses nothing; reads never touch SQLite, so the kubelet's
+hot path (List*, *Status) costs a dict lookup. Records are JSON documents
+grouped by kind ("sandbox", "container", "image", ...); each domain module
+owns the shape of its own records.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+Record = dict[str, Any]
+
+# Each entry moves the schema from version i to i+1. Append only; never edit.
+MIGRATIONS: list[tuple[str, ...]] = [
+    (
+        "CREATE TABLE records (kind TEXT NOT NULL, id TEXT NOT NULL, data TEXT NOT NULL,"
+        " PRIMARY KEY (kind, id))",
+    ),
+]
+
+
+class Store:
+    """Write-through record store; safe to call from the event loop and threads."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._lock = threading.Lock()
+        self._migrate()
+        self._index: dict[str, dict[str, Record]] = {}
+        for kind, rid, data in self._db.execute("SELECT kind, id, data FROM records"):
+            self._index.setdefault(kind, {})[rid] = json.loads(data)
+
+    @property
+    def schema_version(self) -> int:
+        row = self._db.execute("SELECT version FROM schema_version").fetchone()
+        return int(row[0])
+
+    def _migrate(self) -> None:
+        with self._lock:
+            self._db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            row = self._db.execute("SELECT version FROM schema_version").fetchone()
+            if row is None:
+                self._db.execute("INSERT INTO schema_version VALUES (0)")
+                current = 0
+            else:
+                current = int(row[0])
+            if current > len(MIGRATIONS):
+                raise RuntimeError(
+                    f"metadata schema version {current} is newer than this pycri "
+                    f"({len(MIGRATIONS)}); refusing to downgrade"
+                )
+            for version in range(current, len(MIGRATIONS)):
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for stmt in MIGRATIONS[version]:
+                        self._db.execute(stmt)
+                    self._db.execute("UPDATE schema_version SET version = ?", (version + 1,))
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+
+    def put(self, kind: str, rid: str, record: Record) -> None:
+        """Insert or replace; durable when this returns."""
+        data = json.dumps(record, separators=(",", ":"), sort_keys=True)
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO records (kind, id, data) VALUES (?, ?, ?)",
+                (kind, rid, data),
+            )
+            self._index.setdefault(kind, {})[rid] = record
+
+    def delete(self, kind: str, rid: str) -> None:
+        """Remove a record; absent is fine (callers are idempotent)."""
+        with self._lock:
+            self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid))
+            self._index.get(kind, {}).pop(rid, None)
+
+    def get(self, kind: str, rid: str) -> Record | None:
+        return self._index.get(kind, {}).get(rid)
+
+    def items(self, kind: str) -> Iterator[tuple[str, Record]]:
+        """A snapshot of one kind's records, safe against concurrent writes."""
+        return iter(list(self._index.get(kind, {}).items()))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,116 @@
+"""Config: defaults, overrides, and one clear line naming the bad key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from pycri.config import Config, ConfigError, load, to_toml, validate
+
+
+def test_defaults_work_on_this_host() -> None:
+    cfg = load(None)
+    validate(cfg)  # runc, crun, conmon and catatonit are installed by the setup script
+    assert cfg.root == "/var/lib/pycri"
+    assert cfg.socket_path == Path("/run/pycri/pycri.sock")
+    assert cfg.runtime_root("runc") == Path("/run/pycri/runc")
+    assert cfg.cni.bin_dirs == ["/opt/cni/bin", "/usr/lib/cni"]
+    assert cfg.pause_image == ""
+
+
+def test_overrides_and_derived_paths(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('log_level = "debug"\n[runtimes.runc]\npath = "/usr/sbin/runc"\n')
+    cfg = load(f, {"state": str(tmp_path / "st"), "root": None})
+    assert cfg.log_level == "debug"
+    assert cfg.socket_path == tmp_path / "st" / "pycri.sock"
+    assert cfg.runtime_root("runc") == tmp_path / "st" / "runc"
+    # A [runtimes.X] table adds to the defaults instead of dropping crun.
+    assert set(cfg.runtimes) == {"runc", "crun"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("bogus = 1\n", "bogus: unknown key"),
+        ("[cni]\nconf_dirr = 'x'\n", "cni.conf_dirr: unknown key"),
+        ("log_level = 3\n", "log_level: expected str"),
+        ("[images]\nconnect_timeout = 'x'\n", "images.connect_timeout: expected a number"),
+        ("[cni]\nbin_dirs = 'x'\n", "cni.bin_dirs: expected an array"),
+        ("[runtimes.kata]\npath = 7\n", "runtimes.kata.path: expected str"),
+        ("root = [\n", "config file"),
+    ],
+)
+def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load(f)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"log_level": "loud"}, "log_level: 'loud' is not one of"),
+        ({"cgroup_driver": "cgroupv3"}, "cgroup_driver:"),
+        ({"default_runtime": "kata"}, "default_runtime: 'kata' is not a"),
+        ({"root": "relative/dir"}, "root: must be an absolute path"),
+        ({"conmon": "/nonexistent/conmon"}, "conmon: '/nonexistent/conmon' is not an executable"),
+    ],
+)
+def test_validation_names_the_key(change: dict[str, str], message: str) -> None:
+    cfg = Config(**change)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_missing_runtime_binary_is_reported() -> None:
+    cfg = Config()
+    cfg.runtimes["runc"].path = "/nonexistent/runc"
+    with pytest.raises(ConfigError, match=r"runtimes\.runc\.path"):
+        validate(cfg)
+
+
+def test_explicit_config_file_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load(tmp_path / "absent.toml")
+
+
+def test_effective_config_round_trips(tmp_path: Path) -> None:
+    text = to_toml(load(None, {"state": "/run/x"}))
+    data = tomllib.loads(text)
+    assert data["socket"] == "/run/x/pycri.sock"
+    assert data["runtimes"]["crun"]["root"] == "/run/x/crun"
+    f = tmp_path / "again.toml"
+    f.write_text(text)
+    assert to_toml(load(f)) == text
+
+
+def test_cli_config_error_exits_2_with_one_line(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text("[images]\nmax_concurrent_downloads = 0\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pycri", "serve", "--config", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [
+        "pycri: config: images.max_concurrent_downloads: must be at least 1"
+    ]
+
+
+def test_cli_config_prints_effective_toml() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pycri", "config", "--root", "/srv/pycri"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert tomllib.loads(out.stdout)["root"] == "/srv/pycri"

@@ -1,0 +1,57 @@
+"""Metadata store: write-through, survives reopen, migrations recorded."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from pycri.store import Store
+from pycri.store.db import MIGRATIONS
+
+
+def test_records_survive_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    s = Store(db)
+    s.put("sandbox", "a", {"name": "a", "n": 1})
+    s.put("sandbox", "b", {"name": "b"})
+    s.put("container", "c", {"sandbox": "a"})
+    s.delete("sandbox", "b")
+    s.delete("sandbox", "absent")  # idempotent
+    s.close()
+    s2 = Store(db)
+    assert dict(s2.items("sandbox")) == {"a": {"name": "a", "n": 1}}
+    assert s2.get("container", "c") == {"sandbox": "a"}
+    assert s2.get("image", "x") is None
+    assert s2.schema_version == len(MIGRATIONS)
+    s2.close()
+
+
+def test_wal_mode(tmp_path: Path) -> None:
+    s = Store(tmp_path / "m.db")
+    s.put("k", "i", {})
+    mode = sqlite3.connect(tmp_path / "m.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+    s.close()
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    Store(db).close()
+    con = sqlite3.connect(db)
+    con.execute("UPDATE schema_version SET version = 999")
+    con.commit()
+    con.close()
+    with pytest.raises(RuntimeError, match="newer than this pycri"):
+        Store(db)
+
+
+def test_items_is_a_snapshot(tmp_path: Path) -> None:
+    s = Store(tmp_path / "m.db")
+    for i in range(3):
+        s.put("k", str(i), {"i": i})
+    for rid, _ in s.items("k"):
+        s.delete("k", rid)  # deleting while iterating must not break the loop
+    assert list(s.items("k")) == []
+    s.close()
