@@ -35,6 +35,17 @@ if [ ${#missing[@]} -gt 0 ]; then
     [ "$made_policy" = 1 ] && rm -f "$policy"
 fi
 
+# crun 1.8 refuses to run on a hybrid-cgroup host while hugetlb is bound to the
+# v2 hierarchy; binding it to v1 (as the critest harness does) makes crun usable.
+# `pycri check` reports this state too.
+unified=/sys/fs/cgroup/unified/cgroup.controllers
+if [ -r "$unified" ] && grep -qw hugetlb "$unified" && ! mountpoint -q /sys/fs/cgroup/hugetlb; then
+    echo "hack/setup.sh: binding the hugetlb cgroup controller to v1 so crun can run"
+    mkdir -p /sys/fs/cgroup/hugetlb
+    mount -t cgroup -o hugetlb none /sys/fs/cgroup/hugetlb || \
+        echo "hack/setup.sh: could not bind hugetlb to v1; crun will not run here" >&2
+fi
+
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv

@@ -23,8 +23,14 @@ import grpc
 
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
+from pycri.container.manager import ContainerManager
+from pycri.image.manager import ImageManager
+from pycri.launcher import Launcher
+from pycri.monitor.reaper import Reaper
+from pycri.network import CNIManager
+from pycri.sandbox.manager import SandboxManager
+from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
-from pycri.server.unimplemented import complete
 from pycri.status import NodeStatus
 from pycri.store import Store
 
@@ -37,12 +43,6 @@ SOCKET_MODE = 0o660
 
 class DaemonError(Exception):
     """A start-up problem worth one clear line to the operator."""
-
-
-def _become_subreaper() -> None:
-    import prctl
-
-    prctl.set_child_subreaper(1)
 
 
 def _lock_state_dir(state: Path) -> int:
@@ -76,11 +76,6 @@ def _claim_socket(path: Path) -> None:
         probe.close()
 
 
-@complete("runtime.v1.ImageService", pb_grpc.ImageServiceServicer)
-class _ImagesNotBuilt(pb_grpc.ImageServiceServicer):
-    """Every image RPC answers UNIMPLEMENTED until the image service is wired in."""
-
-
 class Daemon:
     """Owns the store, the domain components and the gRPC server."""
 
@@ -88,15 +83,33 @@ class Daemon:
         self.cfg = cfg
         self.store: Store | None = None
         self.server: grpc.aio.Server | None = None
+        self.images: ImageManager | None = None
+        self.reaper: Reaper | None = None
+        self.launcher: Launcher | None = None
         self._lock_fd: int | None = None
 
     async def start(self) -> None:
         cfg = self.cfg
         self._lock_fd = _lock_state_dir(Path(cfg.state))
-        _become_subreaper()
-        Path(cfg.root).mkdir(parents=True, exist_ok=True, mode=0o711)
-        self.store = Store(cfg.db_path)
-        node = NodeStatus(cfg, self.store)
+        root = Path(cfg.root)
+        root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        self.store = store = Store(cfg.db_path)
+        self.reaper = Reaper()
+        self.reaper.start()  # also makes us a child subreaper
+        pinned = [cfg.pause_image] if cfg.pause_image else []
+        self.images = images = ImageManager(root, cfg.images, store, pinned)
+        images.recover()
+        cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
+        self.launcher = launcher = Launcher(cfg, self.reaper)
+        sandboxes = SandboxManager(cfg, store, launcher, cni)
+        containers = ContainerManager(cfg, store, launcher, sandboxes, images)
+        sandboxes.containers = containers
+        launcher.on_exit(sandboxes.on_exit)
+        launcher.on_exit(containers.on_exit)
+        await sandboxes.recover()
+        await containers.recover()
+        launcher.watch()
+        node = NodeStatus(cfg, store, cni.status)
         sock = cfg.socket_path
         _claim_socket(sock)
         server = grpc.aio.server(
@@ -105,8 +118,10 @@ class Daemon:
                 ("grpc.max_send_message_length", 32 * 1024 * 1024),
             ]
         )
-        pb_grpc.add_RuntimeServiceServicer_to_server(RuntimeServicer(node), server)
-        pb_grpc.add_ImageServiceServicer_to_server(_ImagesNotBuilt(), server)
+        pb_grpc.add_RuntimeServiceServicer_to_server(
+            RuntimeServicer(node, sandboxes, containers), server
+        )
+        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images), server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()
@@ -120,6 +135,15 @@ class Daemon:
             self.server = None
             # Only a socket we served is ours to remove; a refused start leaves it alone.
             self.cfg.socket_path.unlink(missing_ok=True)
+        if self.launcher is not None:
+            self.launcher.close()
+            self.launcher = None
+        if self.reaper is not None:
+            self.reaper.close()
+            self.reaper = None
+        if self.images is not None:
+            await self.images.close()
+            self.images = None
         if self.store is not None:
             self.store.close()
             self.store = None

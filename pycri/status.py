@@ -30,19 +30,14 @@ class Condition:
     message: str = ""
 
 
-# A callable answering (ready, reason, message) for pod networking; the CNI
-# manager provides it once networking is wired in.
+# A callable answering (ready, reason, message) for pod networking: CNIManager.status.
 NetworkProbe = Callable[[], tuple[bool, str, str]]
-
-
-def _no_network() -> tuple[bool, str, str]:
-    return False, "NetworkPluginNotReady", "pod networking is not configured in this build"
 
 
 class NodeStatus:
     """Answers Version, Status, RuntimeConfig and keeps UpdateRuntimeConfig's pod CIDR."""
 
-    def __init__(self, cfg: Config, store: Store, network: NetworkProbe = _no_network) -> None:
+    def __init__(self, cfg: Config, store: Store, network: NetworkProbe) -> None:
         self.cfg = cfg
         self.store = store
         self.network = network

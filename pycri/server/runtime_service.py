@@ -7,7 +7,11 @@ import grpc
 from pycri import __version__
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.container.manager import ContainerManager
+from pycri.sandbox.manager import SandboxManager
+from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
+from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.unimplemented import complete
 from pycri.status import KUBE_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, NodeStatus
 
@@ -15,9 +19,15 @@ Ctx = grpc.aio.ServicerContext
 
 
 @complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
-class RuntimeServicer(pb_grpc.RuntimeServiceServicer):
-    def __init__(self, node: NodeStatus) -> None:
+class RuntimeServicer(SandboxRPCs, ContainerRPCs, pb_grpc.RuntimeServiceServicer):
+    """Node-level RPCs here; pod and container RPCs come from their own modules."""
+
+    def __init__(
+        self, node: NodeStatus, sandboxes: SandboxManager, containers: ContainerManager
+    ) -> None:
         self.node = node
+        self.sandboxes = sandboxes
+        self.containers = containers
 
     @rpc
     async def Version(self, request: pb.VersionRequest, context: Ctx) -> pb.VersionResponse:

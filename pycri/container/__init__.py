@@ -1,0 +1,1 @@
+"""Containers: bundle, monitor, lifecycle, exec and logs."""

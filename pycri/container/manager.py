@@ -1,0 +1,414 @@
+"""Container lifecycle: create, start, stop, remove, status, list, update, exec, logs.
+
+CreateContainer turns a CRI request into an OCI bundle (rootfs snapshot + a
+spec from the pure spec generator) and has conmon create the process; every
+step is undone if a later one fails. Exits arrive from conmon's exit files
+through the launcher and are recorded before anyone asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import signal
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format
+
+from pycri.api import api_pb2 as pb
+from pycri.config import Config
+from pycri.container.model import KIND, Container
+from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError
+from pycri.image.manager import ImageManager
+from pycri.launcher import Launcher
+from pycri.monitor.execsync import ExecResult, exec_sync
+from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
+from pycri.oci import mounts, seccomp, spec
+from pycri.oci.users import UserRequest, resolve_user_in_rootfs
+from pycri.sandbox.manager import SandboxManager, step
+from pycri.sandbox.model import Sandbox
+from pycri.store import Store
+
+log = logging.getLogger(__name__)
+
+KILL_WAIT = 30.0
+RUNNING_STATES = (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING)
+
+
+def parse_signal(name: str) -> int:
+    """An image STOPSIGNAL ("SIGQUIT", "QUIT", "3") as a number; SIGTERM if unset."""
+    if not name:
+        return signal.SIGTERM
+    if name.isdigit():
+        return int(name)
+    sig = name.upper()
+    if not sig.startswith("SIG"):
+        sig = "SIG" + sig
+    try:
+        return int(signal.Signals[sig])
+    except KeyError:
+        raise InvalidArgument(f"unknown stop signal {name!r}") from None
+
+
+class ContainerManager:
+    def __init__(
+        self,
+        cfg: Config,
+        store: Store,
+        launcher: Launcher,
+        sandboxes: SandboxManager,
+        images: ImageManager,
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.launcher = launcher
+        self.sandboxes = sandboxes
+        self.images = images
+        self.containers: dict[str, Container] = {}
+        self.names = NameRegistry("container")
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.log_root = Path(cfg.state) / "logs"
+
+    # -- lookup ------------------------------------------------------------------
+
+    def get(self, cid: str) -> Container:
+        c = self.containers.get(cid)
+        if c is None:
+            c = self.containers[resolve_prefix(cid, self.containers, "container")]
+        return c
+
+    def find(self, cid: str) -> Container | None:
+        try:
+            return self.get(cid)
+        except NotFound:
+            return None
+
+    def lock(self, cid: str) -> asyncio.Lock:
+        return self._locks.setdefault(cid, asyncio.Lock())
+
+    def _save(self, c: Container) -> None:
+        self.store.put(KIND, c.id, c.to_record())
+        self.containers[c.id] = c
+
+    def _forget(self, c: Container) -> None:
+        self.store.delete(KIND, c.id)
+        self.containers.pop(c.id, None)
+
+    def of_sandbox(self, sandbox_id: str) -> list[Container]:
+        return [c for c in self.containers.values() if c.sandbox_id == sandbox_id]
+
+    # -- create ------------------------------------------------------------------
+
+    async def create(
+        self, sandbox_id: str, config: pb.ContainerConfig, sandbox_config: pb.PodSandboxConfig
+    ) -> str:
+        sb = self.sandboxes.get(sandbox_id)
+        if sb.state != pb.SANDBOX_READY:
+            raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
+        if not config.metadata.name:
+            raise InvalidArgument("container metadata needs a name")
+        image = self.images.status(config.image.image)
+        if image is None:
+            raise NotFound(f"image {config.image.image!r} not found; pull it first")
+        cid = new_id()
+        c = Container(
+            id=cid,
+            sandbox_id=sb.id,
+            config=config,
+            image_id=image.id,
+            image_ref=image.repo_digests[0] if image.repo_digests else image.id,
+            handler=sb.handler,
+            created_at=time.time_ns(),
+            log_path=self._log_path(sb, config, cid),
+            resources=json.loads(_to_json(config.linux.resources)),
+        )
+        key = c.name_key(sb.config)
+        self.names.reserve(key, cid)
+        try:
+            async with self.lock(cid), AsyncExitStack() as undo:
+                self._save(c)
+                undo.callback(self._forget, c)
+                await self._build(c, sb, image.config, undo)
+                c.state = pb.CONTAINER_CREATED
+                self._save(c)
+                undo.pop_all()
+        except BaseException:
+            self.names.release(key, cid)
+            raise
+        log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
+        return cid
+
+    def _log_path(self, sb: Sandbox, config: pb.ContainerConfig, cid: str) -> str:
+        if sb.config.log_directory and config.log_path:
+            return str(Path(sb.config.log_directory) / config.log_path)
+        return ""
+
+    async def _build(
+        self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack
+    ) -> None:
+        config = c.config
+        async with step("preparing the rootfs"):
+            rootfs = await self.images.prepare_rootfs(c.id, c.image_id)
+            undo.push_async_callback(self.images.remove_rootfs, c.id)
+        async with step("generating the OCI spec"):
+            image = spec.ImageConfig.from_oci(image_config)
+            c.stop_signal = image.stop_signal
+            parse_signal(c.stop_signal)
+            doc = self._spec(c, sb, image, rootfs)
+        log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
+        async with step("creating the container"):
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            created = await self.launcher.create(
+                c.id,
+                doc,
+                c.handler,
+                log_path,
+                tty=config.tty,
+                stdin=config.stdin,
+                stdin_once=config.stdin_once,
+            )
+            undo.push_async_callback(self.launcher.delete, c.id, c.handler)
+            c.pid, c.conmon_pid = created.pid, created.conmon_pid
+
+    def _spec(
+        self, c: Container, sb: Sandbox, image: spec.ImageConfig, rootfs: Path
+    ) -> dict[str, Any]:
+        config = c.config
+        sc = config.linux.security_context
+        user = resolve_user_in_rootfs(
+            str(rootfs),
+            UserRequest(
+                run_as_user=sc.run_as_user.value if sc.HasField("run_as_user") else None,
+                run_as_group=sc.run_as_group.value if sc.HasField("run_as_group") else None,
+                run_as_username=sc.run_as_username,
+                image_user=image.user,
+                supplemental_groups=tuple(sc.supplemental_groups),
+                strict_groups=sc.supplemental_groups_policy == pb.SupplementalGroupsPolicy.Strict,
+            ),
+        )
+        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
+        profile = seccomp.load_profile(
+            sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path
+        )
+        sources: dict[str, str] = {}
+        for m in config.mounts:
+            host = mounts.validate_host_path(m.host_path)
+            mounts.check_propagation(host.path, m.propagation)
+            sources[m.host_path] = host.path
+        devices = [d for dev in config.devices for d in mounts.resolve_device(dev)]
+        ns = sb.config.linux.security_context.namespace_options
+        infra = f"/proc/{sb.infra_pid}/ns"
+        pod_dir = self.sandboxes.pod_dir(sb.id)
+        ctx = spec.ContainerContext(
+            container_id=c.id,
+            sandbox_id=sb.id,
+            rootfs=str(rootfs),
+            user=user,
+            net_ns=sb.netns or None,
+            ipc_ns=f"{infra}/ipc" if ns.ipc != pb.NODE else None,
+            uts_ns=f"{infra}/uts" if ns.network != pb.NODE else None,
+            pid_ns=self._pid_ns(c, sb),
+            hostname=(pod_dir / "hostname").read_text().strip(),
+            hostname_path=str(pod_dir / "hostname"),
+            resolv_conf_path=str(pod_dir / "resolv.conf"),
+            hosts_path=str(pod_dir / "hosts"),
+            shm_path=self.sandboxes.shm_source(sb),
+            seccomp=profile,
+            cgroup_parent=sb.cgroup_parent,
+            cgroup_driver=self.cfg.cgroup_driver,
+            min_oom_score_adj=self.sandboxes.min_oom_score_adj,
+            available_capabilities=self.sandboxes.capabilities,
+            devices=devices,
+            host_devices=mounts.host_devices() if sc.privileged else (),
+            mount_sources=sources,
+        )
+        return spec.container_spec(config, sb.config, image, ctx)
+
+    def _pid_ns(self, c: Container, sb: Sandbox) -> str | None:
+        mode = c.config.linux.security_context.namespace_options.pid
+        if mode == pb.POD:
+            return f"/proc/{sb.infra_pid}/ns/pid"
+        if mode == pb.TARGET:
+            target_id = c.config.linux.security_context.namespace_options.target_id
+            target = self.find(target_id)
+            if target is None or target.state != pb.CONTAINER_RUNNING:
+                raise NotFound(f"target container {target_id!r} is not running")
+            return f"/proc/{target.pid}/ns/pid"
+        return None
+
+    # -- start / stop / remove -------------------------------------------------------
+
+    async def start(self, cid: str) -> None:
+        c = self.get(cid)
+        async with self.lock(c.id):
+            if c.state != pb.CONTAINER_CREATED:
+                state = pb.ContainerState.Name(c.state)
+                raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
+            try:
+                await self.launcher.start(c.id, c.handler)
+            except PycriError as e:
+                c.state, c.exit_code = pb.CONTAINER_EXITED, 128
+                c.reason, c.message = "StartError", str(e)
+                c.finished_at = time.time_ns()
+                self._save(c)
+                raise
+            c.started_at = time.time_ns()
+            if c.state == pb.CONTAINER_CREATED:  # an instant exit may have been recorded
+                c.state = pb.CONTAINER_RUNNING
+            self._save(c)
+
+    async def stop(self, cid: str, timeout: int) -> None:
+        """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
+        c = self.find(cid)
+        if c is None:
+            return
+        async with self.lock(c.id):
+            await self._stop_locked(c, timeout)
+
+    async def _stop_locked(self, c: Container, timeout: int) -> None:
+        if c.state not in RUNNING_STATES:
+            return
+        if timeout > 0 and c.state == pb.CONTAINER_RUNNING:
+            await self.launcher.kill(c.id, c.handler, parse_signal(c.stop_signal))
+            if await self.launcher.wait_exit(c.id, timeout):
+                return
+        await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
+        if not await self.launcher.wait_exit(c.id, KILL_WAIT):
+            raise PycriError(f"container {c.id} did not exit after SIGKILL")
+
+    async def remove(self, cid: str) -> None:
+        c = self.find(cid)
+        if c is None:
+            return
+        async with self.lock(c.id):
+            await self._remove_locked(c)
+        self._locks.pop(c.id, None)
+
+    async def _remove_locked(self, c: Container) -> None:
+        if c.state in RUNNING_STATES and (
+            await self.launcher.state(c.id, c.handler) is not None
+        ):
+            await self._stop_locked(c, 0)
+        await self.launcher.delete(c.id, c.handler)
+        await self.images.remove_rootfs(c.id)
+        self._forget(c)
+        sb = self.sandboxes.sandboxes.get(c.sandbox_id)
+        if sb is not None:
+            self.names.release(c.name_key(sb.config), c.id)
+        log.info("container %s removed", c.id)
+
+    async def stop_all(self, sandbox_id: str) -> None:
+        await asyncio.gather(*(self.stop(c.id, 0) for c in self.of_sandbox(sandbox_id)))
+
+    async def remove_all(self, sandbox_id: str) -> None:
+        await asyncio.gather(*(self.remove(c.id) for c in self.of_sandbox(sandbox_id)))
+
+    # -- exits ---------------------------------------------------------------------
+
+    def on_exit(self, oid: str, code: int, finished_at: int) -> None:
+        c = self.containers.get(oid)
+        if c is None or c.state == pb.CONTAINER_EXITED:
+            return
+        c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, finished_at
+        if self.launcher.oom_killed(oid):
+            c.reason = "OOMKilled"
+        else:
+            c.reason = "Completed" if code == 0 else "Error"
+        self._save(c)
+
+    # -- status / list / update / exec -------------------------------------------------
+
+    def list(self, flt: pb.ContainerFilter | None) -> builtins.list[Container]:
+        out = [c for c in self.containers.values() if c.state != pb.CONTAINER_UNKNOWN]
+        if flt is None:
+            return out
+        if flt.id:
+            out = [c for c in out if c.id.startswith(flt.id)]
+        if flt.pod_sandbox_id:
+            out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
+        if flt.HasField("state"):
+            out = [c for c in out if c.state == flt.state.state]
+        if flt.label_selector:
+            sel = dict(flt.label_selector)
+            out = [c for c in out if matches_labels(dict(c.config.labels), sel)]
+        return out
+
+    def verbose_info(self, c: Container) -> dict[str, str]:
+        spec_path = self.launcher.bundle_dir(c.id) / "config.json"
+        try:
+            runtime_spec = json.loads(spec_path.read_text())
+        except (OSError, ValueError):
+            runtime_spec = None
+        info = {
+            "sandboxID": c.sandbox_id,
+            "pid": c.pid,
+            "conmonPid": c.conmon_pid,
+            "runtimeHandler": c.handler,
+            "imageId": c.image_id,
+            "runtimeSpec": runtime_spec,
+        }
+        return {"info": json.dumps(info)}
+
+    async def update_resources(self, cid: str, resources: pb.LinuxContainerResources) -> None:
+        c = self.get(cid)
+        async with self.lock(c.id):
+            if c.state not in RUNNING_STATES:
+                raise FailedPrecondition(f"container {c.id} is not running")
+            await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))
+            c.resources = json.loads(_to_json(resources))
+            self._save(c)
+
+    async def reopen_log(self, cid: str) -> None:
+        c = self.get(cid)
+        if c.state != pb.CONTAINER_RUNNING:
+            raise FailedPrecondition(f"container {c.id} is not running")
+        if not c.log_path:
+            return
+        await self.launcher.reopen_log(c.id, Path(c.log_path))
+
+    async def exec_sync(self, cid: str, argv: builtins.list[str], timeout: int) -> ExecResult:
+        c = self.get(cid)
+        if c.state != pb.CONTAINER_RUNNING:
+            raise FailedPrecondition(f"container {c.id} is not running")
+        return await exec_sync(
+            c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout)
+        )
+
+    # -- recovery --------------------------------------------------------------------
+
+    async def recover(self) -> None:
+        """Reload containers; exits missed while down come from the exit files,
+        containers whose runtime state is gone (reboot) come back EXITED."""
+        for cid, rec in self.store.items(KIND):
+            c = Container.from_record(cid, rec)
+            self.containers[cid] = c
+            sb = self.sandboxes.sandboxes.get(c.sandbox_id)
+            if sb is not None:
+                self.names.reserve(c.name_key(sb.config), cid)
+        await asyncio.gather(*(self._recheck(c) for c in list(self.containers.values())))
+
+    async def _recheck(self, c: Container) -> None:
+        if c.state not in RUNNING_STATES:
+            return
+        code = self.launcher.exit_code(c.id)
+        if code is not None:
+            self.on_exit(c.id, code, self.launcher.exit_time(c.id))
+            return
+        state = None
+        with contextlib.suppress(PycriError):
+            state = await self.launcher.state(c.id, c.handler)
+        if state is None:
+            c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
+            c.message = "container state was lost (host reboot?)"
+            c.finished_at = time.time_ns()
+            self._save(c)
+
+
+def _to_json(msg: Any) -> str:
+    return json_format.MessageToJson(msg, preserving_proto_field_name=True)

@@ -1,0 +1,54 @@
+"""The container record: what pycri remembers about a container, in memory and in the store."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pycri.api import api_pb2 as pb
+
+KIND = "container"
+
+
+@dataclass
+class Container:
+    id: str
+    sandbox_id: str
+    config: pb.ContainerConfig
+    image_id: str
+    image_ref: str  # the repo digest the image was pulled by, else its ID
+    handler: str
+    created_at: int
+    log_path: str
+    state: int = pb.CONTAINER_UNKNOWN  # UNKNOWN until CreateContainer completes
+    started_at: int = 0
+    finished_at: int = 0
+    exit_code: int = 0
+    reason: str = ""
+    message: str = ""
+    pid: int = 0
+    conmon_pid: int = 0
+    stop_signal: str = ""
+    uid: int = 0
+    gid: int = 0
+    groups: list[int] = field(default_factory=list)
+    resources: dict[str, Any] = field(default_factory=dict)  # CRI LinuxContainerResources
+
+    def name_key(self, sandbox_config: pb.PodSandboxConfig) -> str:
+        """One live container per (name, attempt) in a pod."""
+        md, pmd = self.config.metadata, sandbox_config.metadata
+        return f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
+
+    def to_record(self) -> dict[str, Any]:
+        rec = asdict(self)
+        del rec["id"]
+        rec["config"] = base64.b64encode(self.config.SerializeToString()).decode()
+        return rec
+
+    @classmethod
+    def from_record(cls, cid: str, rec: dict[str, Any]) -> Container:
+        data = dict(rec)
+        config = pb.ContainerConfig()
+        config.ParseFromString(base64.b64decode(data.pop("config")))
+        return cls(id=cid, config=config, **data)

@@ -1,0 +1,1 @@
+"""Images: registry client, content store, layer unpack, overlay snapshots."""

@@ -1,0 +1,519 @@
+"""ImageManager: pull, index, remove images and make container root filesystems.
+
+Layout under the pycri root:
+  content/blobs/sha256/<hex>   verified blobs (manifests, configs, layers)
+  layers/<chain id hex>/       one unpacked layer, shared by every image using it
+  l/<short>                    short links to layers, for long overlay option strings
+  snapshots/<key>/             per-container upper/work/rootfs
+  tmp/                         unpack temp dirs and trash, emptied by recover()
+
+Records (kind "image", "image_layer", "image_snapshot") live in the metadata
+Store. Disk space is reclaimed by mark-and-sweep from those records, so a
+blob or layer shared by two images lives as long as either does, and a
+container's layers live as long as its snapshot does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import contextvars
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable
+from pathlib import Path
+from typing import Any
+
+from pycri import errors
+from pycri.config import ImagesConfig
+from pycri.image import reference
+from pycri.image.auth import Auth
+from pycri.image.content import ContentStore
+from pycri.image.regconf import Endpoint, RegistriesConf
+from pycri.image.registry import (
+    DOCKER_LIST,
+    OCI_INDEX,
+    ManifestNotFound,
+    RegistryClient,
+)
+from pycri.image.snapshots import Snapshotter, _umount, is_mounted
+from pycri.image.types import FsUsage, Image, user_of
+from pycri.image.unpack import disk_usage, unpack_layer
+from pycri.store.db import Record, Store
+
+log = logging.getLogger("pycri.image")
+
+IMAGE, LAYER, SNAPSHOT = "image", "image_layer", "image_snapshot"
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
+         "i686": "386", "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
+# The shared download/unpack tasks the current pull waits on.
+_joined: contextvars.ContextVar[list[asyncio.Task[None]]] = contextvars.ContextVar("joined")
+_HEX = re.compile(r"^[0-9a-f]{1,64}$")
+
+
+def host_platform() -> tuple[str, str, str]:
+    machine = platform.machine()
+    arch = _ARCH.get(machine, machine)
+    variant = {"armv7l": "v7", "armv6l": "v6", "aarch64": "v8"}.get(machine, "")
+    return "linux", arch, variant
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """OCI chain IDs (hex): chain[0] = diff[0], chain[n] = sha256(chain[n-1] + " " + diff[n])."""
+    out: list[str] = []
+    prev = ""
+    for d in diff_ids:
+        prev = d if not prev else "sha256:" + hashlib.sha256(f"{prev} {d}".encode()).hexdigest()
+        out.append(prev.split(":", 1)[1])
+    return out
+
+
+def _json(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        raise errors.InvalidArgument(f"{what}: not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise errors.InvalidArgument(f"{what}: not a JSON object")
+    return obj
+
+
+def _descriptor(d: Any, what: str) -> tuple[str, int, str]:
+    if not isinstance(d, dict) or not reference.is_digest(str(d.get("digest", ""))):
+        raise errors.InvalidArgument(f"{what}: missing or unsupported digest")
+    size = d.get("size")
+    if not isinstance(size, int) or size < 0:
+        raise errors.InvalidArgument(f"{what}: bad size")
+    return d["digest"], size, str(d.get("mediaType", ""))
+
+
+def _rmtrees(paths: Iterable[Path]) -> None:
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+class ImageManager:
+    def __init__(
+        self, root: Path, cfg: ImagesConfig, store: Store, pinned: Iterable[str] = ()
+    ) -> None:
+        self.root = root
+        self._cfg = cfg
+        self._store = store
+        self.content = ContentStore(root / "content")
+        self._layers = root / "layers"
+        self._tmp = root / "tmp"
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        self.snapshots = Snapshotter(root / "snapshots", self._layers, root / "l", root / "empty")
+        self._client: RegistryClient | None = None
+        self._sem = asyncio.Semaphore(cfg.max_concurrent_downloads)
+        self._inflight: dict[str, asyncio.Task[None]] = {}
+        self._held: Counter[str] = Counter()
+        self._pinned = set()
+        for ref in pinned:
+            with contextlib.suppress(errors.InvalidArgument):
+                self._pinned.add(str(reference.parse(ref)))
+        self._by_ref: dict[str, str] = {}
+        self._reindex()
+
+    @property
+    def client(self) -> RegistryClient:
+        if self._client is None:
+            self._client = RegistryClient(self._cfg)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ---- index -------------------------------------------------------------------------
+
+    def _reindex(self) -> None:
+        by_ref: dict[str, str] = {}
+        for iid, rec in self._store.items(IMAGE):
+            for r in rec["repo_tags"] + rec["repo_digests"]:
+                by_ref[r] = iid
+        self._by_ref = by_ref
+
+    def _resolve(self, ref: str) -> str | None:
+        """Image ID for an ID, full or unique-prefix hex, tag or digest reference."""
+        if ref.startswith("sha256:") and self._store.get(IMAGE, ref):
+            return ref
+        if len(ref) == 64 and self._store.get(IMAGE, "sha256:" + ref):
+            return "sha256:" + ref
+        with contextlib.suppress(errors.InvalidArgument):
+            iid = self._by_ref.get(str(reference.parse(ref)))
+            if iid:
+                return iid
+        if _HEX.match(ref):
+            found = [i for i, _ in self._store.items(IMAGE) if i[7:].startswith(ref)]
+            if len(found) == 1:
+                return found[0]
+        return None
+
+    def _in_use(self, image_id: str) -> bool:
+        return any(r["image_id"] == image_id for _, r in self._store.items(SNAPSHOT))
+
+    def _image(self, rec: Record) -> Image:
+        uid, username = user_of(rec["config"])
+        refs = {rec["id"], *rec["repo_tags"], *rec["repo_digests"]}
+        return Image(
+            id=rec["id"], repo_tags=list(rec["repo_tags"]), repo_digests=list(rec["repo_digests"]),
+            size=rec["size"], uid=uid, username=username, pinned=bool(refs & self._pinned),
+            config=rec["config"], annotations=dict(rec.get("annotations", {})),
+        )
+
+    def status(self, ref: str) -> Image | None:
+        iid = self._resolve(ref)
+        rec = self._store.get(IMAGE, iid) if iid else None
+        return self._image(rec) if rec else None
+
+    def list(self, ref: str | None = None) -> builtins.list[Image]:
+        if ref:
+            img = self.status(ref)
+            return [img] if img else []
+        return [self._image(r) for _, r in self._store.items(IMAGE)]
+
+    def image_config(self, image_id: str) -> dict[str, Any]:
+        iid = self._resolve(image_id)
+        rec = self._store.get(IMAGE, iid) if iid else None
+        if rec is None:
+            raise errors.NotFound(f"image {image_id!r} not found")
+        config: dict[str, Any] = rec["config"]
+        return config
+
+    # ---- pull --------------------------------------------------------------------------
+
+    async def pull(self, ref: str, auth: Auth | None = None) -> str:
+        """Fetch, verify and unpack `ref`; returns the image ID (config digest)."""
+        r = reference.parse(ref)
+        if auth is not None:
+            auth.basic()  # a malformed `auth` field fails before any network traffic
+        conf = RegistriesConf.load(self._cfg.registries_conf, self._cfg.registries_conf_dir)
+        endpoints = conf.endpoints(r)
+        held: builtins.list[str] = []
+        joined: builtins.list[asyncio.Task[None]] = []
+        _joined.set(joined)
+
+        def hold(key: str) -> None:
+            self._held[key] += 1
+            held.append(key)
+
+        try:
+            data, mtype, top, ep = await self._top_manifest(endpoints, r, auth)
+            hold(top)
+            self.content.put(top, data)
+            eps = [ep] + [e for e in endpoints if e != ep]
+            manifest, mdigest = _json(data, f"manifest of {r}"), top
+            if mtype in (OCI_INDEX, DOCKER_LIST) or "manifests" in manifest:
+                mdigest = self._choose_platform(manifest, r)
+                hold(mdigest)
+                if not self.content.has(mdigest):
+                    data, _, _ = await self.client.manifest(ep, mdigest, auth, expected=mdigest)
+                    self.content.put(mdigest, data)
+                manifest = _json(self.content.read(mdigest), f"manifest {mdigest} of {r}")
+            if manifest.get("schemaVersion") != 2 or not isinstance(manifest.get("layers"), list):
+                raise errors.InvalidArgument(f"{r}: unsupported manifest (schema 1 or unknown)")
+            cdigest, csize, _ = _descriptor(manifest.get("config"), f"{r}: config")
+            hold(cdigest)
+            await self._ensure_blob(eps, auth, cdigest, csize)
+            config = _json(self.content.read(cdigest), f"{r}: image config")
+            diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
+            layers = [_descriptor(d, f"{r}: layer {i}") for i, d in enumerate(manifest["layers"])]
+            if len(diff_ids) != len(layers) or not all(map(reference.is_digest, diff_ids)):
+                raise errors.InvalidArgument(f"{r}: config diff_ids do not match the layers")
+            chains = chain_ids(diff_ids)
+            for (digest, _, mt), chain in zip(layers, chains, strict=True):
+                if "encrypted" in mt:
+                    raise errors.InvalidArgument(f"{r}: encrypted layers are not supported")
+                hold(digest)
+                hold(chain)
+            async with asyncio.TaskGroup() as tg:
+                for (digest, size, _), diff, chain in zip(layers, diff_ids, chains, strict=True):
+                    tg.create_task(self._ensure_layer(eps, auth, digest, size, diff, chain))
+            blobs = [top, cdigest, *(d for d, _, _ in layers)]
+            if mdigest != top:
+                blobs.insert(1, mdigest)
+            size = csize + sum(s for _, s, _ in layers)
+            iid = self._commit(r, top, cdigest, config, blobs, chains, size,
+                               manifest.get("annotations") or {})
+        except* errors.PycriError as eg:
+            raise eg.exceptions[0] from None
+        finally:
+            # Work shared with this pull goes on after a failure; let it settle first so
+            # the sweep sees its results (each piece is bounded by the progress timeout).
+            await asyncio.gather(*joined, return_exceptions=True)
+            for key in held:
+                self._held[key] -= 1
+                if self._held[key] <= 0:
+                    del self._held[key]
+            await self._sweep()  # on failure this drops what the pull fetched
+        return iid
+
+    async def _top_manifest(
+        self, endpoints: builtins.list[Endpoint], r: reference.Reference, auth: Auth | None
+    ) -> tuple[bytes, str, str, Endpoint]:
+        """Try mirrors in order, then the registry; the last error wins if all fail."""
+        last: errors.PycriError | None = None
+        for ep in endpoints:
+            try:
+                data, mtype, digest = await self.client.manifest(ep, r.object, auth, r.digest)
+                return data, mtype, digest, ep
+            except errors.PycriError as e:
+                if ep.mirror:
+                    log.info("mirror %s for %s failed, trying next: %s", ep.host, r, e)
+                last = e
+        assert last is not None
+        if isinstance(last, ManifestNotFound):
+            raise errors.NotFound(f"image {r} not found: {last}")
+        raise last
+
+    def _choose_platform(self, index: dict[str, Any], r: reference.Reference) -> str:
+        os_, arch, variant = host_platform()
+        best: tuple[int, str] | None = None
+        for i, m in enumerate(index.get("manifests") or []):
+            digest, _, _ = _descriptor(m, f"{r}: index entry {i}")
+            p = m.get("platform") or {}
+            if p.get("os") != os_ or p.get("architecture") != arch:
+                continue
+            v = p.get("variant", "")
+            score = 2 if v == variant else (1 if not v else 0)
+            if score and (best is None or score > best[0]):
+                best = (score, digest)
+        if best is None:
+            raise errors.NotFound(f"image {r}: no manifest for platform {os_}/{arch}")
+        return best[1]
+
+    async def _shared(self, key: str, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `make` once per key at a time; concurrent callers wait for the same work."""
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.create_task(make())
+            self._inflight[key] = task
+
+            def done(t: asyncio.Task[None]) -> None:
+                if self._inflight.get(key) is t:
+                    del self._inflight[key]
+                if not t.cancelled():
+                    t.exception()  # retrieved: the waiters report it
+
+            task.add_done_callback(done)
+        _joined.get().append(task)
+        await asyncio.shield(task)
+
+    async def _ensure_blob(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
+                           size: int) -> None:
+        if self.content.has(digest):
+            return
+        await self._shared(digest, lambda: self._download(eps, auth, digest, size))
+
+    async def _download(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
+                        size: int) -> None:
+        last: errors.PycriError | None = None
+        async with self._sem:
+            for ep in eps:
+                w = self.content.writer(digest, size)
+                try:
+                    await self.client.blob(ep, auth, w)
+                    w.commit()
+                    return
+                except errors.PycriError as e:
+                    last = e
+                    log.info("blob %s from %s failed: %s", digest, ep.api_host, e)
+                finally:
+                    w.abort()
+        assert last is not None
+        raise last
+
+    async def _ensure_layer(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
+                            size: int, diff_id: str, chain: str) -> None:
+        if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
+            return
+        await self._ensure_blob(eps, auth, digest, size)
+        await self._shared("unpack:" + chain, lambda: self._unpack(digest, diff_id, chain))
+
+    async def _unpack(self, digest: str, diff_id: str, chain: str) -> None:
+        if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
+            return
+        used, inodes = await asyncio.to_thread(
+            unpack_layer, self.content.path(digest), self._layers / chain, self._tmp, diff_id
+        )
+        self.snapshots.link_layer(chain)
+        self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
+
+    def _commit(self, r: reference.Reference, top: str, config_digest: str,
+                config: dict[str, Any], blobs: builtins.list[str],
+                chains: builtins.list[str], size: int, annotations: dict[str, str]) -> str:
+        """Record the image and move its tag here from whichever image had it."""
+        iid = config_digest
+        tag = f"{r.repository}:{r.tag}" if r.digest is None else None
+        dig = f"{r.repository}@{top}"
+        rec = self._store.get(IMAGE, iid)
+        if rec is None:
+            rec = {"id": iid, "repo_tags": [], "repo_digests": [], "blobs": [], "chain_ids": chains,
+                   "config": config, "size": size, "annotations": annotations}
+        else:
+            rec = dict(rec)
+        rec["blobs"] = sorted(set(rec["blobs"]) | set(blobs))
+        if tag and tag not in rec["repo_tags"]:
+            rec["repo_tags"] = [*rec["repo_tags"], tag]
+        if dig not in rec["repo_digests"]:
+            rec["repo_digests"] = [*rec["repo_digests"], dig]
+        if tag:
+            for oid, other in self._store.items(IMAGE):
+                if oid == iid or tag not in other["repo_tags"]:
+                    continue
+                other = {**other, "repo_tags": [t for t in other["repo_tags"] if t != tag]}
+                if not other["repo_tags"] and not other["repo_digests"] and not self._in_use(oid):
+                    self._store.delete(IMAGE, oid)
+                else:
+                    self._store.put(IMAGE, oid, other)
+        self._store.put(IMAGE, iid, rec)
+        self._reindex()
+        return iid
+
+    # ---- remove and garbage collection -------------------------------------------------
+
+    async def remove(self, ref: str) -> None:
+        """Remove the image `ref` names with all its tags; absent is success."""
+        iid = self._resolve(ref)
+        if iid is None:
+            return
+        self._store.delete(IMAGE, iid)
+        self._reindex()
+        await self._sweep()
+
+    def _mark_and_move(self) -> builtins.list[Path]:
+        """Move unreferenced blobs and layers aside (synchronous, so no pull can interleave)."""
+        blobs: set[str] = set(self._held)
+        chains: set[str] = set(self._held)
+        for _, rec in self._store.items(IMAGE):
+            blobs.update(rec["blobs"])
+            chains.update(rec["chain_ids"])
+        for _, rec in self._store.items(SNAPSHOT):
+            chains.update(rec["chain_ids"])
+        trash: builtins.list[Path] = []
+        for digest in list(self.content.digests()):
+            if digest not in blobs:
+                self.content.delete(digest)
+        for chain, _ in self._store.items(LAYER):
+            if chain not in chains:
+                self._store.delete(LAYER, chain)
+        for d in list(self._layers.iterdir()):
+            if d.name not in chains or self._store.get(LAYER, d.name) is None:
+                if d.name in self._held:
+                    continue
+                self.snapshots.unlink_layer(d.name)
+                t = self._tmp / f"trash-{uuid.uuid4().hex}"
+                os.rename(d, t)
+                trash.append(t)
+        return trash
+
+    async def _sweep(self) -> None:
+        trash = self._mark_and_move()
+        if trash:
+            await asyncio.to_thread(_rmtrees, trash)
+
+    # ---- root filesystems --------------------------------------------------------------
+
+    async def prepare_rootfs(self, key: str, image_id: str) -> Path:
+        """Overlay rootfs for container `key`; holds the image's layers until removed."""
+        iid = self._resolve(image_id)
+        rec = self._store.get(IMAGE, iid) if iid else None
+        if rec is None:
+            raise errors.NotFound(f"image {image_id!r} not found")
+        self.snapshots.dir(key)  # validates the key
+        existing = self._store.get(SNAPSHOT, key)
+        if existing is not None and existing["image_id"] != rec["id"]:
+            raise errors.AlreadyExists(f"rootfs {key!r} exists for image {existing['image_id']}")
+        chains = rec["chain_ids"]
+        missing = [c for c in chains if self._store.get(LAYER, c) is None]
+        if missing:
+            raise errors.FailedPrecondition(f"image {rec['id']}: layers missing, pull it again")
+        self._store.put(SNAPSHOT, key, {"image_id": rec["id"], "chain_ids": chains})
+        try:
+            return await self.snapshots.prepare(key, chains)
+        except BaseException:
+            if existing is None:
+                self._store.delete(SNAPSHOT, key)
+            raise
+
+    async def remove_rootfs(self, key: str) -> None:
+        """Unmount and delete `key`'s rootfs; release its layers. Absent is success."""
+        rec = self._store.get(SNAPSHOT, key)
+        await self.snapshots.remove(key)
+        if rec is None:
+            return
+        self._store.delete(SNAPSHOT, key)
+        img = self._store.get(IMAGE, rec["image_id"])
+        unnamed = img is not None and not img["repo_tags"] and not img["repo_digests"]
+        if unnamed and not self._in_use(rec["image_id"]):
+            self._store.delete(IMAGE, rec["image_id"])
+            self._reindex()
+        await self._sweep()
+
+    def rootfs_usage(self, key: str) -> tuple[int, int]:
+        upper = self.snapshots.upper(key)
+        if not upper.is_dir():
+            raise errors.NotFound(f"rootfs {key!r} not found")
+        return disk_usage(upper)
+
+    # ---- accounting and recovery -------------------------------------------------------
+
+    def fs_info(self) -> FsUsage:
+        """Image filesystem usage from the records (no tree walk on this periodic call)."""
+        used = inodes = 0
+        for digest in self.content.digests():
+            used += self.content.size(digest)
+            inodes += 1
+        for _, rec in self._store.items(LAYER):
+            used += rec["bytes"]
+            inodes += rec["inodes"]
+        return FsUsage(time.time_ns(), str(self.root), used, inodes)
+
+    def container_fs_info(self) -> FsUsage:
+        """Usage of all containers' writable layers."""
+        used = inodes = 0
+        for key in self.snapshots.list_keys():
+            with contextlib.suppress(FileNotFoundError, errors.NotFound):
+                b, n = self.rootfs_usage(key)
+                used, inodes = used + b, inodes + n
+        return FsUsage(time.time_ns(), str(self.snapshots.root), used, inodes)
+
+    def recover(self) -> None:
+        """Reconcile records and disk after a restart or crash; never touches live mounts."""
+        self.content.recover()
+        for p in list(self._tmp.iterdir()):
+            shutil.rmtree(p, ignore_errors=True)
+        for chain, _ in self._store.items(LAYER):
+            if not (self._layers / chain).is_dir():
+                self._store.delete(LAYER, chain)
+        for iid, rec in self._store.items(IMAGE):
+            broken = [c for c in rec["chain_ids"] if self._store.get(LAYER, c) is None]
+            broken += [b for b in rec["blobs"] if not self.content.has(b)]
+            if broken:
+                log.warning("image %s lost content on disk (%s); dropping it", iid, broken[0])
+                self._store.delete(IMAGE, iid)
+        for key, _ in self._store.items(SNAPSHOT):
+            if not self.snapshots.dir(key).is_dir():
+                self._store.delete(SNAPSHOT, key)
+        for key in self.snapshots.list_keys():
+            if self._store.get(SNAPSHOT, key) is None:
+                rootfs = self.snapshots.dir(key) / "rootfs"
+                if rootfs.exists() and is_mounted(rootfs):
+                    _umount(rootfs)
+                shutil.rmtree(self.snapshots.dir(key), ignore_errors=True)
+        for chain, _ in self._store.items(LAYER):
+            self.snapshots.link_layer(chain)
+        for t in self._mark_and_move():
+            shutil.rmtree(t, ignore_errors=True)
+        self._reindex()

@@ -1,0 +1,255 @@
+"""Pull side of the OCI distribution API on httpx.
+
+Each request goes to the endpoints registries.conf gives (mirrors first),
+over https (system CA or the configured one), or plain http when the endpoint
+is insecure or on loopback and https does not answer. Authentication follows
+the registry's challenge: Basic, or a bearer token fetched from the realm and
+cached per repository. Every network wait is bounded by the pull-progress
+timeout, which restarts whenever a byte arrives, so a stalled registry fails
+the pull instead of hanging the kubelet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+
+from pycri import errors
+from pycri.config import ImagesConfig
+from pycri.image.auth import Auth, parse_challenge
+from pycri.image.content import BlobWriter, DigestMismatch
+from pycri.image.regconf import Endpoint, is_loopback
+
+log = logging.getLogger("pycri.image.registry")
+
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
+MAX_MANIFEST = 4 << 20
+CHUNK = 1 << 20
+
+
+class RegistryError(errors.PycriError):
+    """The registry refused or failed a request (auth, server error, bad content)."""
+
+
+class ManifestNotFound(errors.NotFound):
+    """The registry has no such tag or digest."""
+
+
+class Stalled(errors.DeadlineExceeded):
+    """No byte arrived within the pull-progress timeout."""
+
+
+class _Watchdog:
+    """A deadline that moves forward every time data arrives."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._cm = asyncio.timeout(seconds)
+
+    def progress(self) -> None:
+        self._cm.reschedule(asyncio.get_running_loop().time() + self.seconds)
+
+
+@asynccontextmanager
+async def _watch(seconds: float, what: str) -> AsyncIterator[_Watchdog]:
+    dog = _Watchdog(seconds)
+    try:
+        async with dog._cm:
+            yield dog
+    except TimeoutError:
+        raise Stalled(f"{what}: no progress for {seconds:g}s (pull_progress_timeout)") from None
+
+
+class RegistryClient:
+    """One per ImageManager: connection pools, scheme and token caches."""
+
+    def __init__(self, cfg: ImagesConfig) -> None:
+        self._cfg = cfg
+        timeout = httpx.Timeout(
+            connect=cfg.connect_timeout, read=cfg.read_timeout,
+            write=cfg.read_timeout, pool=cfg.pull_progress_timeout,
+        )
+        verify: ssl.SSLContext | bool = True
+        if cfg.ca_file:
+            verify = ssl.create_default_context(cafile=cfg.ca_file)
+        limits = httpx.Limits(max_connections=32, max_keepalive_connections=16)
+        self._secure = httpx.AsyncClient(
+            verify=verify, timeout=timeout, follow_redirects=True, limits=limits
+        )
+        self._insecure = httpx.AsyncClient(
+            verify=False, timeout=timeout, follow_redirects=True, limits=limits
+        )
+        self._scheme: dict[str, str] = {}
+        self._tokens: dict[tuple[str, str, Auth | None], str] = {}
+
+    async def aclose(self) -> None:
+        await self._secure.aclose()
+        await self._insecure.aclose()
+
+    def _schemes(self, ep: Endpoint) -> list[str]:
+        known = self._scheme.get(ep.api_host)
+        if known:
+            return [known]
+        if ep.insecure or is_loopback(ep.api_host):
+            return ["https", "http"]
+        return ["https"]
+
+    @asynccontextmanager
+    async def _get(
+        self, ep: Endpoint, path: str, auth: Auth | None, accept: str | None, dog: _Watchdog
+    ) -> AsyncIterator[httpx.Response]:
+        """GET /v2/<repo>/<path> with scheme fallback and one auth round trip."""
+        client = self._insecure if ep.insecure else self._secure
+        schemes = self._schemes(ep)
+        auth = auth if auth is not None and auth.applies_to(ep.host) else None
+        last: Exception | None = None
+        for scheme in schemes:
+            url = f"{scheme}://{ep.api_host}/v2/{ep.repository}/{path}"
+            headers = {"Accept": accept} if accept else {}
+            try:
+                resp = await self._send(client, url, headers, ep, auth, dog)
+            except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
+                last = e
+                continue
+            self._scheme[ep.api_host] = scheme
+            try:
+                yield resp
+            finally:
+                await resp.aclose()
+            return
+        raise errors.Unavailable(f"cannot reach registry {ep.api_host}: {last}") from None
+
+    async def _send(
+        self, client: httpx.AsyncClient, url: str, headers: dict[str, str],
+        ep: Endpoint, auth: Auth | None, dog: _Watchdog,
+    ) -> httpx.Response:
+        key = (ep.api_host, ep.repository, auth)  # never reuse one caller's credentials for another
+        if key in self._tokens:
+            headers = {**headers, "Authorization": self._tokens[key]}
+        resp = await client.send(client.build_request("GET", url, headers=headers), stream=True)
+        dog.progress()
+        if resp.status_code != 401:
+            return resp
+        await resp.aclose()
+        challenge = resp.headers.get("www-authenticate", "")
+        value = await self._authorize(client, challenge, ep, auth, dog)
+        self._tokens[key] = value
+        headers = {**headers, "Authorization": value}
+        resp = await client.send(client.build_request("GET", url, headers=headers), stream=True)
+        dog.progress()
+        if resp.status_code == 401:
+            await resp.aclose()
+            self._tokens.pop(key, None)
+            raise RegistryError(f"{ep.api_host}/{ep.repository}: credentials refused")
+        return resp
+
+    async def _authorize(
+        self, client: httpx.AsyncClient, challenge: str, ep: Endpoint,
+        auth: Auth | None, dog: _Watchdog,
+    ) -> str:
+        """Answer a 401 challenge with an Authorization header value."""
+        scheme, params = parse_challenge(challenge)
+        where = f"{ep.api_host}/{ep.repository}"
+        creds = auth.basic() if auth else None
+        if scheme == "basic":
+            if creds is None:
+                raise RegistryError(f"{where}: unauthorized (registry wants credentials)")
+            return _basic_header(*creds)
+        if scheme != "bearer" or "realm" not in params:
+            raise RegistryError(f"{where}: unsupported auth challenge {challenge!r}")
+        if auth and auth.registry_token:
+            return f"Bearer {auth.registry_token}"
+        query = {"scope": f"repository:{ep.repository}:pull"}
+        if params.get("service"):
+            query["service"] = params["service"]
+        try:
+            if auth and auth.identity_token:
+                form = {**query, "grant_type": "refresh_token", "client_id": "pycri",
+                        "refresh_token": auth.identity_token}
+                r = await client.post(params["realm"], data=form)
+            else:
+                basic = httpx.BasicAuth(*creds) if creds else None
+                r = await client.get(params["realm"], params=query, auth=basic)
+        except httpx.HTTPError as e:
+            raise errors.Unavailable(f"{where}: token service {params['realm']}: {e}") from None
+        dog.progress()
+        if r.status_code != 200:
+            raise RegistryError(f"{where}: token service refused ({r.status_code})")
+        try:
+            body = r.json()
+            token = body.get("token") or body.get("access_token")
+        except ValueError:
+            token = None
+        if not isinstance(token, str) or not token:
+            raise RegistryError(f"{where}: token service returned no token")
+        return f"Bearer {token}"
+
+    async def manifest(
+        self, ep: Endpoint, obj: str, auth: Auth | None, expected: str | None = None
+    ) -> tuple[bytes, str, str]:
+        """Fetch a manifest or index: (bytes, media type, digest), digest-verified."""
+        what = f"manifest {ep.api_host}/{ep.repository}:{obj}"
+        try:
+            async with (
+                _watch(self._cfg.pull_progress_timeout, what) as dog,
+                self._get(ep, f"manifests/{obj}", auth, ", ".join(MANIFEST_TYPES), dog) as resp,
+            ):
+                if resp.status_code == 404:
+                    raise ManifestNotFound(f"{what}: not found")
+                _check_status(resp, what)
+                data = bytearray()
+                async for chunk in resp.aiter_bytes():
+                    dog.progress()
+                    data += chunk
+                    if len(data) > MAX_MANIFEST:
+                        raise RegistryError(f"{what}: larger than {MAX_MANIFEST} bytes")
+                ctype = resp.headers.get("content-type", "").split(";")[0].strip()
+        except httpx.TimeoutException as e:
+            raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
+        except httpx.HTTPError as e:
+            raise errors.Unavailable(f"{what}: {e}") from None
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        if expected and digest != expected:
+            raise DigestMismatch(f"{what}: content hashes to {digest}")
+        return bytes(data), ctype, digest
+
+    async def blob(self, ep: Endpoint, auth: Auth | None, w: BlobWriter) -> None:
+        """Stream a blob into `w` (which verifies size and digest as it goes)."""
+        what = f"blob {ep.api_host}/{ep.repository}@{w.digest}"
+        try:
+            async with (
+                _watch(self._cfg.pull_progress_timeout, what) as dog,
+                self._get(ep, f"blobs/{w.digest}", auth, None, dog) as resp,
+            ):
+                if resp.status_code == 404:
+                    raise errors.NotFound(f"{what}: not found")
+                _check_status(resp, what)
+                async for chunk in resp.aiter_raw(CHUNK):
+                    dog.progress()
+                    w.write(chunk)
+        except httpx.TimeoutException as e:
+            raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
+        except httpx.HTTPError as e:
+            raise errors.Unavailable(f"{what}: {e}") from None
+
+
+def _basic_header(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _check_status(resp: httpx.Response, what: str) -> None:
+    if resp.status_code in (401, 403):
+        raise RegistryError(f"{what}: access denied ({resp.status_code})")
+    if resp.status_code != 200:
+        raise RegistryError(f"{what}: registry answered {resp.status_code}")

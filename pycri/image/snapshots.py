@@ -1,0 +1,131 @@
+"""Container root filesystems as overlay mounts over the shared layer directories.
+
+Each snapshot is `<dir>/<key>/{upper,work,rootfs}`. The lowerdir option lists
+layer directories top-most first; when absolute paths would overflow the
+one-page mount data limit, the mount is done by `mount(8)` run with the
+layer-link directory as its working directory and short relative names, so
+the daemon never has to chdir.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import shutil
+from pathlib import Path
+
+from pycri import errors
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+MNT_DETACH = 2
+PAGE = os.sysconf("SC_PAGE_SIZE")
+LINK_LEN = 12
+
+
+def _mount_overlay(target: Path, options: str) -> None:
+    if _libc.mount(b"overlay", os.fsencode(target), b"overlay", 0, options.encode()) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount overlay on {target}: {os.strerror(err)}")
+
+
+def _umount(target: Path) -> None:
+    if _libc.umount2(os.fsencode(target), 0) == 0:
+        return
+    err = ctypes.get_errno()
+    if err == 16:  # EBUSY: detach so that removal can go on; the kernel frees it later
+        if _libc.umount2(os.fsencode(target), MNT_DETACH) == 0:
+            return
+        err = ctypes.get_errno()
+    if err != 22:  # EINVAL: not a mount point (already unmounted)
+        raise OSError(err, f"umount {target}: {os.strerror(err)}")
+
+
+def is_mounted(path: Path) -> bool:
+    """True if `path` is a mount point, per /proc/self/mountinfo."""
+    want = os.fsencode(os.path.realpath(path))
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            mp = line.split(b" ")[4].replace(b"\\040", b" ")
+            if mp == want:
+                return True
+    return False
+
+
+class Snapshotter:
+    def __init__(self, root: Path, layers: Path, links: Path, empty: Path) -> None:
+        self.root, self.layers, self.links, self.empty = root, layers, links, empty
+        for d in (root, layers, links, empty):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def link_layer(self, chain_hex: str) -> None:
+        """A short name for a layer dir, for mount option strings that would not fit a page."""
+        link = self.links / chain_hex[:LINK_LEN]
+        target = f"../{self.layers.name}/{chain_hex}"
+        try:
+            os.symlink(target, link)
+        except FileExistsError:
+            if os.readlink(link) != target:
+                raise errors.FailedPrecondition(f"layer link {link} collides") from None
+
+    def unlink_layer(self, chain_hex: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.links / chain_hex[:LINK_LEN])
+
+    def dir(self, key: str) -> Path:
+        if not key or "/" in key or key in (".", ".."):
+            raise errors.InvalidArgument(f"invalid snapshot key {key!r}")
+        return self.root / key
+
+    async def prepare(self, key: str, chain_hexes: list[str]) -> Path:
+        """Mount the overlay for `key`; chain IDs bottom-most first. Undoes itself on failure."""
+        d = self.dir(key)
+        rootfs = d / "rootfs"
+        if is_mounted(rootfs):
+            return rootfs
+        upper, work = d / "upper", d / "work"
+        for p in (d, upper, work, rootfs):
+            p.mkdir(mode=0o755, exist_ok=True)
+        try:
+            top_first = list(reversed(chain_hexes))
+            lower = ":".join(str(self.layers / h) for h in top_first) or str(self.empty)
+            opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+            if len(opts) < PAGE - 1:
+                await asyncio.to_thread(_mount_overlay, rootfs, opts)
+            else:
+                short = ":".join(h[:LINK_LEN] for h in top_first)
+                opts = f"lowerdir={short},upperdir={upper},workdir={work}"
+                await self._mount_relative(rootfs, opts)
+        except BaseException:
+            if is_mounted(rootfs):
+                _umount(rootfs)
+            shutil.rmtree(d, ignore_errors=True)
+            raise
+        return rootfs
+
+    async def _mount_relative(self, rootfs: Path, opts: str) -> None:
+        if len(opts) >= PAGE - 1:
+            raise errors.InvalidArgument("image has too many layers for one overlay mount")
+        proc = await asyncio.create_subprocess_exec(
+            "mount", "-t", "overlay", "overlay", "-o", opts, str(rootfs),
+            cwd=self.links, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await proc.communicate()
+        if proc.returncode != 0:
+            raise OSError(f"mount overlay on {rootfs}: {err.decode(errors='replace').strip()}")
+
+    async def remove(self, key: str) -> None:
+        """Unmount and delete; absent is fine."""
+        d = self.dir(key)
+        rootfs = d / "rootfs"
+        if rootfs.exists() and is_mounted(rootfs):
+            await asyncio.to_thread(_umount, rootfs)
+        await asyncio.to_thread(shutil.rmtree, d, True)
+
+    def upper(self, key: str) -> Path:
+        return self.dir(key) / "upper"
+
+    def list_keys(self) -> list[str]:
+        return [p.name for p in self.root.iterdir() if p.is_dir()]

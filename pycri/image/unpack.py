@@ -1,0 +1,252 @@
+"""Layer unpack: a compressed tar stream -> one directory ready to be an overlay lowerdir.
+
+Runs in a worker thread and streams (tarfile stream mode over a decompressing,
+hashing reader), so a layer is never held in memory. OCI whiteouts become
+overlayfs whiteouts. Every entry is placed by walking its parents with lstat,
+never following a symlink, so nothing can land outside the layer; anything
+that tries is refused, and since unpacking happens in a temp dir renamed into
+place at the end, a refused layer leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import tarfile
+import uuid
+import zlib
+from pathlib import Path
+from typing import IO
+
+import zstandard
+
+from pycri import errors
+
+log = logging.getLogger("pycri.image.unpack")
+
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
+OPAQUE_XATTR = "trusted.overlay.opaque"
+BUF = 1 << 20
+
+
+class HostileLayer(errors.InvalidArgument):
+    """A layer entry would be written outside the layer or is otherwise unsafe."""
+
+
+class _HashingReader:
+    """Hashes and counts everything read through it (the layer's diff ID)."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f = f
+        self.hash = hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.hash.update(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(BUF):
+            pass
+
+
+def _decompressing(raw: IO[bytes]) -> IO[bytes]:
+    """Pick the decompressor from the magic bytes, whatever the media type claimed."""
+    head = raw.read(4)
+    raw.seek(0)
+    if head[:2] == b"\x1f\x8b":
+        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+    if head == b"\x28\xb5\x2f\xfd":
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_size=BUF)
+    return raw
+
+
+def _parts(name: str, what: str) -> list[str]:
+    if name.startswith("/"):
+        raise HostileLayer(f"layer entry {what} {name!r}: absolute path refused")
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise HostileLayer(f"layer entry {what} {name!r}: '..' refused (would leave the layer)")
+    return parts
+
+
+class _Extractor:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.dirs: list[tuple[Path, float]] = []
+
+    def _parent(self, parts: list[str], name: str) -> Path:
+        """The entry's parent dir, created as needed; refuses any non-directory on the way."""
+        cur = self.root
+        for comp in parts[:-1]:
+            cur = cur / comp
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                os.mkdir(cur, 0o755)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                kind = "symlink" if stat.S_ISLNK(st.st_mode) else "non-directory"
+                raise HostileLayer(f"layer entry {name!r}: path goes through a {kind} {comp!r}")
+        return cur
+
+    def _clear(self, path: Path, keep_dir: bool) -> bool:
+        """Remove what is at `path` unless it is a dir we keep; True if a dir was kept."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            if keep_dir:
+                return True
+            shutil.rmtree(path)
+        else:
+            os.unlink(path)
+        return False
+
+    def entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
+        parts = _parts(m.name, "")
+        if not parts:
+            return  # the layer root itself
+        base = parts[-1]
+        parent = self._parent(parts, m.name)
+        if base == OPAQUE:
+            os.setxattr(parent, OPAQUE_XATTR, b"y")
+            return
+        if base.startswith(WHITEOUT):
+            hidden = base[len(WHITEOUT) :]
+            if hidden in ("", ".", "..") or hidden.startswith(WHITEOUT):
+                raise HostileLayer(f"layer entry {m.name!r}: malformed whiteout")
+            target = parent / hidden
+            self._clear(target, keep_dir=False)
+            os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+            return
+        target = parent / base
+        if m.isdir():
+            if not self._clear(target, keep_dir=True):
+                os.mkdir(target, 0o700)
+        else:
+            self._clear(target, keep_dir=False)
+        if m.islnk():
+            self._hardlink(m, target)
+            return
+        if m.isreg():
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                src = tf.extractfile(m)
+                if src is not None:
+                    shutil.copyfileobj(src, out, BUF)
+        elif m.issym():
+            os.symlink(m.linkname, target)
+        elif m.ischr() or m.isblk():
+            kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
+            os.mknod(target, kind | 0o600, os.makedev(m.devmajor, m.devminor))
+        elif m.isfifo():
+            os.mkfifo(target, 0o600)
+        elif not m.isdir():
+            raise HostileLayer(f"layer entry {m.name!r}: unsupported tar type {m.type!r}")
+        self._metadata(m, target)
+
+    def _hardlink(self, m: tarfile.TarInfo, target: Path) -> None:
+        parts = _parts(m.linkname, "hard link target of " + repr(m.name))
+        if not parts:
+            raise HostileLayer(f"layer entry {m.name!r}: hard link to the layer root")
+        src = self._parent(parts, m.linkname) / parts[-1]
+        try:
+            st = os.lstat(src)
+        except FileNotFoundError:
+            raise HostileLayer(
+                f"layer entry {m.name!r}: hard link target {m.linkname!r} is not in this layer"
+            ) from None
+        if stat.S_ISDIR(st.st_mode):
+            raise HostileLayer(f"layer entry {m.name!r}: hard link to a directory")
+        os.link(src, target, follow_symlinks=False)
+
+    def _metadata(self, m: tarfile.TarInfo, target: Path) -> None:
+        os.chown(target, m.uid, m.gid, follow_symlinks=False)
+        for key, value in m.pax_headers.items():
+            if not key.startswith("SCHILY.xattr."):
+                continue
+            name = key[len("SCHILY.xattr.") :]
+            if name.startswith("trusted.overlay."):
+                raise HostileLayer(f"layer entry {m.name!r}: overlay xattr {name!r} refused")
+            try:
+                os.setxattr(target, name, value.encode("utf-8", "surrogateescape"),
+                            follow_symlinks=False)
+            except OSError as e:
+                log.warning("layer entry %r: xattr %s not kept: %s", m.name, name, e)
+        if m.issym():
+            os.utime(target, (m.mtime, m.mtime), follow_symlinks=False)
+            return
+        os.chmod(target, m.mode & 0o7777)  # after chown, which clears setuid bits
+        if m.isdir():
+            self.dirs.append((target, m.mtime))
+        else:
+            os.utime(target, (m.mtime, m.mtime))
+
+    def finish(self) -> None:
+        """Directory mtimes last: writing their children changed them."""
+        for path, mtime in reversed(self.dirs):
+            os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+
+def disk_usage(path: Path) -> tuple[int, int]:
+    """(bytes allocated, inodes) under `path`, counting each hard-linked inode once."""
+    seen: set[int] = set()
+    used = inodes = 0
+    stack = [str(path)]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for e in it:
+                st = e.stat(follow_symlinks=False)
+                if st.st_nlink > 1:
+                    if st.st_ino in seen:
+                        continue
+                    seen.add(st.st_ino)
+                used += st.st_blocks * 512
+                inodes += 1
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+    return used, inodes
+
+
+def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) -> tuple[int, int]:
+    """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage."""
+    tmp = tmp_root / f"unpack-{uuid.uuid4().hex}"
+    tmp.mkdir(mode=0o755)
+    try:
+        with open(blob, "rb") as raw:
+            reader = _HashingReader(_decompressing(raw))
+            ex = _Extractor(tmp)
+            try:
+                with tarfile.open(fileobj=reader, mode="r|", bufsize=BUF) as tf:  # type: ignore[call-overload]
+                    for member in tf:
+                        ex.entry(tf, member)
+            except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error,
+                    zstandard.ZstdError) as e:
+                raise errors.InvalidArgument(f"layer {blob.name}: corrupt archive: {e}") from None
+            reader.drain()
+            ex.finish()
+        got = "sha256:" + reader.hash.hexdigest()
+        if diff_id is not None and got != diff_id:
+            raise errors.InvalidArgument(
+                f"layer {blob.name}: uncompressed content hashes to {got}, config says {diff_id}"
+            )
+        usage = disk_usage(tmp)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(tmp)  # unpacked concurrently by someone else: theirs is as good
+        return usage
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(tmp)
+        raise

@@ -1,0 +1,54 @@
+"""IDs and names: 64-hex IDs, unique-prefix lookup, and name reservation.
+
+The kubelet addresses pods and containers by ID, crictl by any unique prefix;
+and a second RunPodSandbox/CreateContainer for the same metadata must be
+refused while the first object exists ("name reserved").
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable
+
+from pycri.errors import AlreadyExists, NotFound
+
+
+def new_id() -> str:
+    """A container/sandbox ID: 32 random bytes as 64 hex digits, like the others do."""
+    return secrets.token_hex(32)
+
+
+def resolve_prefix(prefix: str, ids: Iterable[str], what: str) -> str:
+    """The one ID starting with `prefix`; NotFound for none or several."""
+    if not prefix:
+        raise NotFound(f"{what} ID is empty")
+    matches = [i for i in ids if i.startswith(prefix)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise NotFound(f"{what} {prefix!r} not found")
+    raise NotFound(f"{what} ID prefix {prefix!r} is ambiguous ({len(matches)} matches)")
+
+
+class NameRegistry:
+    """Maps a reserved name to the ID holding it."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._names: dict[str, str] = {}
+
+    def reserve(self, name: str, rid: str) -> None:
+        holder = self._names.get(name)
+        if holder is not None and holder != rid:
+            raise AlreadyExists(f"{self.what} name {name!r} is reserved for {holder}")
+        self._names[name] = rid
+
+    def release(self, name: str, rid: str) -> None:
+        """Release only if `rid` holds it (a late release never frees another's name)."""
+        if self._names.get(name) == rid:
+            del self._names[name]
+
+
+def matches_labels(labels: dict[str, str], selector: dict[str, str]) -> bool:
+    """CRI label selectors are plain equality on every given key."""
+    return all(labels.get(k) == v for k, v in selector.items())

@@ -1,0 +1,94 @@
+"""On-disk cache of what each pod's CNI ADD used and returned.
+
+DEL must get the same config, runtimeConfig and prevResult as ADD, even after
+a daemon restart, a reboot (state dir wiped) or an edit of the conf dir;
+otherwise IP leases and iptables chains leak and the next ADD of the sandbox
+fails with "duplicate allocation". So the cache lives under a persistent
+directory, one JSON file per (sandbox, network), written atomically and
+fsynced before the plugins run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from pycri.errors import InvalidArgument
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+FORMAT = "pycri-cni-cache/v1"
+
+
+def check_id(sandbox_id: str) -> None:
+    if not _ID_RE.match(sandbox_id):
+        raise InvalidArgument(f"invalid sandbox id {sandbox_id!r} for CNI")
+
+
+class ResultCache:
+    """`<root>/<sandbox id>/<network name>.json`; entries are plain dicts (see cni.py)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def _path(self, sandbox_id: str, network: str) -> Path:
+        check_id(sandbox_id)
+        return self.root / sandbox_id / f"{network}.json"
+
+    def _write_sync(self, sandbox_id: str, network: str, entry: dict[str, Any]) -> None:
+        path = self._path(sandbox_id, network)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        data = json.dumps({"format": FORMAT, **entry}, indent=1).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _remove_sync(self, sandbox_id: str, network: str) -> None:
+        path = self._path(sandbox_id, network)
+        path.unlink(missing_ok=True)
+        # Fails while other networks of the sandbox are still cached: fine.
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
+
+    async def write(self, sandbox_id: str, network: str, entry: dict[str, Any]) -> None:
+        await asyncio.to_thread(self._write_sync, sandbox_id, network, entry)
+
+    async def remove(self, sandbox_id: str, network: str) -> None:
+        await asyncio.to_thread(self._remove_sync, sandbox_id, network)
+
+    def read_all(self, sandbox_id: str) -> list[dict[str, Any]]:
+        """Every cached entry of the sandbox; unreadable files raise (never silently leak)."""
+        check_id(sandbox_id)
+        d = self.root / sandbox_id
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
+        except FileNotFoundError:
+            return []
+        entries = []
+        for n in names:
+            entry = json.loads((d / n).read_bytes())
+            if not isinstance(entry, dict) or entry.get("format") != FORMAT:
+                raise ValueError(f"CNI cache file {d / n} has an unknown format")
+            entries.append(entry)
+        return entries
+
+    def sandboxes(self) -> list[str]:
+        """Sandbox ids with cached networks (for garbage collection at startup)."""
+        try:
+            return sorted(n for n in os.listdir(self.root) if _ID_RE.match(n))
+        except FileNotFoundError:
+            return []

@@ -1,0 +1,124 @@
+"""Running one CNI plugin binary per the CNI spec (environment in, JSON on stdin/stdout)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from pycri.errors import Unavailable
+
+# Plugin output is a small JSON document; anything bigger is a broken plugin.
+_MAX_OUTPUT = 1 << 20
+
+
+class CNIPluginError(Unavailable):
+    """A CNI plugin failed; carries the plugin's own error code and message."""
+
+    def __init__(
+        self, plugin: str, command: str, msg: str, code: int = 0, details: str = ""
+    ) -> None:
+        self.plugin = plugin
+        self.command = command
+        self.code = code
+        self.msg = msg
+        self.details = details
+        text = f"CNI plugin {plugin!r} {command} failed: {msg}"
+        if code:
+            text += f" (code {code})"
+        if details:
+            text += f": {details}"
+        super().__init__(text)
+
+
+def find_plugin(plugin_type: str, bin_dirs: list[str]) -> str | None:
+    """Path of the first executable `plugin_type` in `bin_dirs`, like libcni's FindInPath."""
+    for d in bin_dirs:
+        p = os.path.join(d, plugin_type)
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return None
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """The CNI_* environment of one call; the same for every plugin of a network."""
+
+    command: str  # ADD | DEL
+    container_id: str
+    netns: str
+    ifname: str
+    cni_args: str
+    bin_dirs: tuple[str, ...]
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            CNI_COMMAND=self.command,
+            CNI_CONTAINERID=self.container_id,
+            CNI_NETNS=self.netns,
+            CNI_IFNAME=self.ifname,
+            CNI_ARGS=self.cni_args,
+            CNI_PATH=os.pathsep.join(self.bin_dirs),
+        )
+        return env
+
+
+def _error_from_output(
+    plugin: str, command: str, rc: int, out: bytes, err: bytes
+) -> CNIPluginError:
+    try:
+        doc = json.loads(out)
+    except ValueError:
+        doc = None
+    if isinstance(doc, dict) and ("msg" in doc or "code" in doc):
+        code = doc.get("code", 0)
+        return CNIPluginError(
+            plugin,
+            command,
+            str(doc.get("msg", "")) or f"exit status {rc}",
+            code=code if isinstance(code, int) else 0,
+            details=str(doc.get("details", "")),
+        )
+    tail = (err or out).decode(errors="replace").strip()[-500:]
+    return CNIPluginError(plugin, command, f"exit status {rc}" + (f": {tail}" if tail else ""))
+
+
+async def run_plugin(
+    binary: str, plugin: str, call: Invocation, stdin: dict[str, Any], timeout: float
+) -> dict[str, Any] | None:
+    """Exec `binary`; return its parsed result for ADD, None for DEL. Raises CNIPluginError."""
+    proc = await asyncio.create_subprocess_exec(
+        binary,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=call.env(),
+        start_new_session=True,
+    )
+    try:
+        out, err = await asyncio.wait_for(
+            proc.communicate(json.dumps(stdin).encode()), timeout=timeout
+        )
+    except BaseException as e:  # timeout or cancellation: never leave the plugin running
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        if isinstance(e, TimeoutError):
+            raise CNIPluginError(plugin, call.command, f"timed out after {timeout:g}s") from None
+        raise
+    if len(out) > _MAX_OUTPUT:
+        raise CNIPluginError(plugin, call.command, "output larger than 1 MiB")
+    if proc.returncode != 0:
+        raise _error_from_output(plugin, call.command, proc.returncode or 0, out, err)
+    if call.command != "ADD":
+        return None
+    try:
+        result = json.loads(out)
+    except ValueError:
+        result = None
+    if not isinstance(result, dict):
+        raise CNIPluginError(plugin, call.command, f"result is not a JSON object: {out[:200]!r}")
+    return result

@@ -1,0 +1,1 @@
+"""OCI: runtime spec generation and the runc/crun CLI driver."""

@@ -1,0 +1,193 @@
+"""Driver for an OCI runtime CLI (runc or crun), one instance per runtime handler.
+
+Every call passes `--root` so that each handler keeps its own state directory and
+pycri never sees containers it did not create. Calls that target something already
+gone succeed (kill, delete), because the CRI wants Stop/Remove to be idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+import signal as _signal
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pycri.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PycriError,
+)
+
+DEFAULT_TIMEOUT = 60.0
+
+# crun 1.8 refuses hybrid cgroups while any controller (here: hugetlb) sits on v2.
+_HYBRID_REFUSAL = "cgroups in hybrid mode not supported"
+_LOGRUS_MSG = re.compile(r'msg="((?:[^"\\]|\\.)*)"')
+_VALID_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+
+
+def check_id(cid: str) -> None:
+    """Reject IDs that could escape the runtime root or confuse the CLI."""
+    if not _VALID_ID.match(cid):
+        raise InvalidArgument(f"container id {cid!r} is not a valid runtime id")
+
+
+class OCIRuntimeError(PycriError):
+    """The runtime CLI failed; the message carries its own words on one line."""
+
+    def __init__(self, runtime: str, action: str, cid: str, message: str) -> None:
+        super().__init__(f"{runtime} {action} {cid}: {message}")
+        self.runtime = runtime
+        self.action = action
+        self.cid = cid
+        self.detail = message
+
+
+def one_line(output: bytes | str) -> str:
+    """Reduce runtime stderr (logrus text, JSON log lines or plain text) to one line."""
+    text = output.decode(errors="replace") if isinstance(output, bytes) else output
+    parts: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        msg = _message_of(line)
+        if msg and msg not in parts:
+            parts.append(msg)
+    return "; ".join(parts) or "(no error output)"
+
+
+def _message_of(line: str) -> str:
+    if line.startswith("{"):
+        with contextlib.suppress(ValueError):
+            obj = json.loads(line)
+            if isinstance(obj, dict) and "msg" in obj:
+                return str(obj["msg"])
+    m = _LOGRUS_MSG.search(line)
+    if m:
+        return m.group(1).replace('\\"', '"').replace("\\\\", "\\")
+    return line
+
+
+def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) -> PycriError:
+    """The domain error for a failed runtime call (shared with the conmon driver)."""
+    msg = one_line(stderr)
+    if _HYBRID_REFUSAL in msg:
+        return FailedPrecondition(
+            f"{runtime} {action} {cid}: {runtime} refuses this host's hybrid cgroup layout "
+            f"({msg}); a controller (usually hugetlb) is bound to the cgroup v2 hierarchy. "
+            "Bind it to v1 (mkdir -p /sys/fs/cgroup/hugetlb && "
+            "mount -t cgroup -o hugetlb none /sys/fs/cgroup/hugetlb) or use runc"
+        )
+    return OCIRuntimeError(runtime, action, cid, msg)
+
+
+class OCIRuntime:
+    """Async wrapper of one runtime binary with its own state root."""
+
+    def __init__(self, name: str, path: str, root: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.name = name
+        self.path = path
+        self.root = Path(root)
+        self.timeout = timeout
+
+    @property
+    def global_args(self) -> list[str]:
+        """Arguments every invocation needs (also handed to conmon as --runtime-arg)."""
+        return ["--root", str(self.root)]
+
+    async def run(
+        self, args: Sequence[str], stdin: bytes | None = None, timeout: float | None = None
+    ) -> tuple[int, bytes, bytes]:
+        """Run `<runtime> --root R args...`; a hung runtime is killed at the deadline."""
+        proc = await asyncio.create_subprocess_exec(
+            self.path,
+            *self.global_args,
+            *args,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        limit = self.timeout if timeout is None else timeout
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(stdin), limit)
+        except (TimeoutError, asyncio.CancelledError) as e:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            raise DeadlineExceeded(
+                f"{self.name} {' '.join(args)}: no answer within {limit:g}s"
+            ) from None
+        assert proc.returncode is not None
+        return proc.returncode, out, err
+
+    def _absent(self, cid: str) -> bool:
+        """Both runc and crun keep one directory per container under the root."""
+        return not (self.root / cid).exists()
+
+    async def state(self, cid: str) -> dict[str, Any] | None:
+        """The runtime's state JSON, or None when it does not know `cid`."""
+        check_id(cid)
+        rc, out, err = await self.run(["state", cid])
+        if rc != 0:
+            if self._absent(cid):
+                return None
+            raise runtime_failure(self.name, "state", cid, err)
+        try:
+            result: dict[str, Any] = json.loads(out)
+        except ValueError:
+            bad = f"unreadable output {out[:200]!r}"
+            raise OCIRuntimeError(self.name, "state", cid, bad) from None
+        return result
+
+    async def start(self, cid: str) -> None:
+        """Run the user process of a created container."""
+        check_id(cid)
+        rc, _, err = await self.run(["start", cid])
+        if rc != 0:
+            if self._absent(cid):
+                raise NotFound(f"{self.name} start {cid}: the runtime does not know it")
+            raise runtime_failure(self.name, "start", cid, err)
+
+    async def kill(self, cid: str, sig: int = _signal.SIGTERM, all_processes: bool = False) -> None:
+        """Signal the container; a container already stopped or gone is not an error."""
+        check_id(cid)
+        args = ["kill"]
+        if all_processes:
+            args.append("--all")
+        args += [cid, str(int(sig))]
+        rc, _, err = await self.run(args)
+        if rc == 0:
+            return
+        st = await self.state(cid)
+        if st is None or st.get("status") == "stopped":
+            return
+        raise runtime_failure(self.name, "kill", cid, err)
+
+    async def delete(self, cid: str, force: bool = False) -> None:
+        """Forget the container (force: kill it first); absent counts as deleted."""
+        check_id(cid)
+        args = ["delete"]
+        if force:
+            args.append("--force")
+        rc, _, err = await self.run([*args, cid])
+        if rc != 0 and not self._absent(cid):
+            raise runtime_failure(self.name, "delete", cid, err)
+
+    async def update(self, cid: str, resources: dict[str, Any]) -> None:
+        """Apply OCI LinuxResources JSON; /dev/stdin works for both runc and crun."""
+        check_id(cid)
+        data = json.dumps(resources).encode()
+        rc, _, err = await self.run(["update", "--resources", "/dev/stdin", cid], stdin=data)
+        if rc != 0:
+            if self._absent(cid):
+                raise NotFound(f"{self.name} update {cid}: the runtime does not know it")
+            raise runtime_failure(self.name, "update", cid, err)

@@ -1,0 +1,1 @@
+"""Pod sandboxes: the infra process, network namespace and shared pod files."""

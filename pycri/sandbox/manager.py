@@ -1,0 +1,404 @@
+"""Pod sandbox lifecycle: RunPodSandbox, StopPodSandbox, RemovePodSandbox, status, list.
+
+A sandbox is the pod's network namespace (wired by CNI), its shared files
+(hostname, hosts, resolv.conf, /dev/shm) and an infra process that holds the
+IPC/UTS/PID namespaces. Every step RunPodSandbox takes is undone, in reverse,
+when a later one fails, and the error names the step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import json
+import logging
+import re
+import shutil
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any, Protocol
+
+from pycri.api import api_pb2 as pb
+from pycri.config import Config
+from pycri.errors import InvalidArgument, NotFound, PycriError
+from pycri.launcher import Launcher
+from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
+from pycri.network import (
+    DNS,
+    Bandwidth,
+    CNIManager,
+    PodNetwork,
+    PortMapping,
+    create_netns,
+    remove_netns,
+)
+from pycri.oci import seccomp, spec
+from pycri.oci.users import ResolvedUser
+from pycri.sandbox import podfiles
+from pycri.sandbox.model import KIND, Sandbox, name_key
+from pycri.store import Store
+
+log = logging.getLogger(__name__)
+
+INFRA_STOP_TIMEOUT = 10.0
+PROTOCOLS = {pb.TCP: "tcp", pb.UDP: "udp", pb.SCTP: "sctp"}
+INGRESS_ANNOTATION = "kubernetes.io/ingress-bandwidth"
+EGRESS_ANNOTATION = "kubernetes.io/egress-bandwidth"
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(Ki|Mi|Gi|Ti|k|K|M|G|T)?$")
+_SCALE = {
+    None: 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+
+
+class PodContainers(Protocol):
+    """What the sandbox lifecycle needs from the container lifecycle."""
+
+    async def stop_all(self, sandbox_id: str) -> None: ...
+
+    async def remove_all(self, sandbox_id: str) -> None: ...
+
+
+def parse_bandwidth(value: str) -> int:
+    """A Kubernetes quantity ("10M", "1Gi") in bits per second."""
+    m = _QUANTITY.match(value.strip())
+    if not m:
+        raise InvalidArgument(f"bandwidth {value!r} is not a quantity like 10M")
+    return int(float(m.group(1)) * _SCALE[m.group(2)])
+
+
+def own_oom_score_adj() -> int:
+    with open("/proc/self/oom_score_adj") as f:
+        return int(f.read().strip())
+
+
+def own_capabilities() -> tuple[str, ...]:
+    """The daemon's bounding set: a container can never get more (no CAP_SYS_RESOURCE here)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("CapBnd:"):
+                return tuple(spec.capabilities_from_mask(int(line.split()[1], 16)))
+    return tuple(spec.ALL_CAPABILITIES)
+
+
+@contextlib.asynccontextmanager
+async def step(what: str) -> AsyncIterator[None]:
+    """Prefix a failure with the step it happened in, keeping its error class."""
+    try:
+        yield
+    except PycriError as e:
+        raise type(e)(f"{what}: {e}") from e
+    except OSError as e:
+        raise PycriError(f"{what}: {e}") from e
+
+
+class SandboxManager:
+    def __init__(
+        self, cfg: Config, store: Store, launcher: Launcher, cni: CNIManager
+    ) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.launcher = launcher
+        self.cni = cni
+        self.containers: PodContainers | None = None
+        self.sandboxes: dict[str, Sandbox] = {}
+        self.names = NameRegistry("pod sandbox")
+        self._locks: dict[str, asyncio.Lock] = {}
+        self.pod_root = Path(cfg.root) / "sandboxes"
+        self.state_root = Path(cfg.state) / "sandboxes"
+        self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
+        self.capabilities = own_capabilities()
+
+    # -- lookup ------------------------------------------------------------------
+
+    def get(self, sid: str) -> Sandbox:
+        """By full ID or unique prefix; NotFound otherwise."""
+        sb = self.sandboxes.get(sid)
+        if sb is None:
+            sb = self.sandboxes[resolve_prefix(sid, self.sandboxes, "pod sandbox")]
+        return sb
+
+    def find(self, sid: str) -> Sandbox | None:
+        try:
+            return self.get(sid)
+        except NotFound:
+            return None
+
+    def lock(self, sid: str) -> asyncio.Lock:
+        return self._locks.setdefault(sid, asyncio.Lock())
+
+    def pod_dir(self, sid: str) -> Path:
+        return self.pod_root / sid
+
+    def state_dir(self, sid: str) -> Path:
+        return self.state_root / sid
+
+    def shm_path(self, sb: Sandbox) -> Path | None:
+        """The pod's own /dev/shm mount; None when the pod shares the host's IPC."""
+        ipc = sb.config.linux.security_context.namespace_options.ipc
+        return None if ipc == pb.NODE else self.state_dir(sb.id) / "shm"
+
+    def shm_source(self, sb: Sandbox) -> str:
+        """What containers bind at /dev/shm."""
+        shm = self.shm_path(sb)
+        return str(shm) if shm else "/dev/shm"
+
+    def _save(self, sb: Sandbox) -> None:
+        self.store.put(KIND, sb.id, sb.to_record())
+        self.sandboxes[sb.id] = sb
+
+    # -- run ---------------------------------------------------------------------
+
+    async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
+        md = config.metadata
+        if not (md.name and md.namespace and md.uid):
+            raise InvalidArgument("pod sandbox metadata needs a name, a namespace and a uid")
+        handler = self.launcher.handler_name(runtime_handler)
+        sid = new_id()
+        self.names.reserve(name_key(md), sid)
+        sb = Sandbox(
+            id=sid,
+            config=config,
+            handler=handler,
+            runtime_handler=runtime_handler,
+            created_at=time.time_ns(),
+            cgroup_parent=config.linux.cgroup_parent,
+        )
+        try:
+            async with self.lock(sid), AsyncExitStack() as undo:
+                # Written first, so a crash half-way leaves a NOTREADY pod that
+                # StopPodSandbox/RemovePodSandbox can still clean up.
+                self._save(sb)
+                undo.callback(self._forget, sb)
+                await self._setup(sb, undo)
+                sb.state = pb.SANDBOX_READY
+                self._save(sb)
+                undo.pop_all()
+        except BaseException:
+            self.names.release(name_key(md), sid)
+            raise
+        log.info("pod sandbox %s (%s/%s) ready, ips %s", sid, md.namespace, md.name, sb.ips)
+        return sid
+
+    def _forget(self, sb: Sandbox) -> None:
+        self.store.delete(KIND, sb.id)
+        self.sandboxes.pop(sb.id, None)
+
+    async def _setup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
+        config = sb.config
+        pod_dir, state_dir = self.pod_dir(sb.id), self.state_dir(sb.id)
+        async with step("writing pod files"):
+            state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            undo.callback(shutil.rmtree, state_dir, True)
+            podfiles.write_pod_files(pod_dir, config, sb.host_network)
+            undo.callback(shutil.rmtree, pod_dir, True)
+        shm = self.shm_path(sb)
+        if shm is not None:
+            async with step("mounting /dev/shm"):
+                podfiles.mount_shm(shm)
+                undo.callback(podfiles.unmount, shm)
+        if not sb.host_network:
+            async with step("creating the network namespace"):
+                sb.netns = str(await create_netns(f"pycri-{sb.id}"))
+                undo.push_async_callback(remove_netns, sb.netns)
+                self._save(sb)
+            pod_net = self.pod_network(sb)
+            async with step("setting up the pod network (CNI)"):
+                undo.push_async_callback(self.cni.teardown, pod_net)
+                result = await self.cni.setup(pod_net)
+                sb.ips = list(result.ips)
+        async with step("starting the infra container"):
+            spec_doc = self._infra_spec(sb)
+            created = await self.launcher.create(
+                sb.id, spec_doc, sb.handler, state_dir / "infra.log"
+            )
+            undo.push_async_callback(self.launcher.delete, sb.id, sb.handler)
+            undo.push_async_callback(self._kill_infra, sb)
+            await self.launcher.start(sb.id, sb.handler)
+            sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
+
+    def _infra_spec(self, sb: Sandbox) -> dict[str, Any]:
+        config = sb.config
+        sc = config.linux.security_context
+        rootfs = self.pod_dir(sb.id) / "rootfs"
+        rootfs.mkdir(exist_ok=True)
+        uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
+        gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0
+        profile = seccomp.load_profile(
+            sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path
+        )
+        ctx = spec.SandboxContext(
+            sandbox_id=sb.id,
+            rootfs=str(rootfs),
+            user=ResolvedUser(uid, gid, (gid,)),
+            infra_binary=self.cfg.infra_binary,
+            net_ns=sb.netns or None,
+            shm_path=self.shm_source(sb),
+            seccomp=profile,
+            cgroup_parent=sb.cgroup_parent,
+            cgroup_driver=self.cfg.cgroup_driver,
+            min_oom_score_adj=self.min_oom_score_adj,
+            available_capabilities=self.capabilities,
+        )
+        return spec.sandbox_spec(config, ctx)
+
+    def pod_network(self, sb: Sandbox) -> PodNetwork:
+        config = sb.config
+        md = config.metadata
+        bw_in = config.annotations.get(INGRESS_ANNOTATION)
+        bw_out = config.annotations.get(EGRESS_ANNOTATION)
+        bandwidth = None
+        if bw_in or bw_out:
+            bandwidth = Bandwidth(
+                ingress=parse_bandwidth(bw_in) if bw_in else None,
+                egress=parse_bandwidth(bw_out) if bw_out else None,
+            )
+        dns = config.dns_config
+        return PodNetwork(
+            sandbox_id=sb.id,
+            netns=sb.netns,
+            name=md.name,
+            namespace=md.namespace,
+            uid=md.uid,
+            port_mappings=tuple(
+                PortMapping(
+                    protocol=PROTOCOLS.get(p.protocol, "tcp"),
+                    container_port=p.container_port,
+                    host_port=p.host_port,
+                    host_ip=p.host_ip,
+                )
+                for p in config.port_mappings
+                if p.host_port > 0
+            ),
+            bandwidth=bandwidth,
+            dns=DNS(tuple(dns.servers), tuple(dns.searches), tuple(dns.options))
+            if (dns.servers or dns.searches or dns.options)
+            else None,
+            cgroup_path=sb.cgroup_parent,
+        )
+
+    async def _kill_infra(self, sb: Sandbox) -> None:
+        """SIGKILL the infra and wait for conmon's exit report (if the runtime knows it)."""
+        if self.launcher.exit_code(sb.id) is not None:
+            return
+        if await self.launcher.state(sb.id, sb.handler) is None:
+            return  # gone with a reboot, or never created
+        await self.launcher.kill(sb.id, sb.handler, signal.SIGKILL)
+        if not await self.launcher.wait_exit(sb.id, INFRA_STOP_TIMEOUT):
+            log.warning("infra of pod %s did not exit within %ss", sb.id, INFRA_STOP_TIMEOUT)
+
+    # -- stop / remove -------------------------------------------------------------
+
+    async def stop(self, sid: str) -> None:
+        """Stop containers and infra, tear the network down. Unknown IDs succeed."""
+        sb = self.find(sid)
+        if sb is None:
+            return
+        async with self.lock(sb.id):
+            await self._stop_locked(sb)
+
+    async def _stop_locked(self, sb: Sandbox) -> None:
+        if self.containers is not None:
+            await self.containers.stop_all(sb.id)
+        if sb.state == pb.SANDBOX_READY or sb.infra_pid:
+            async with step("stopping the infra container"):
+                await self._kill_infra(sb)
+        sb.state = pb.SANDBOX_NOTREADY
+        self._save(sb)
+        if not sb.host_network and not sb.network_torn_down:
+            async with step("tearing down the pod network (CNI)"):
+                await self.cni.teardown(self.pod_network(sb))
+            sb.network_torn_down = True
+            self._save(sb)
+        if sb.netns:
+            async with step("removing the network namespace"):
+                await remove_netns(sb.netns)
+        shm = self.shm_path(sb)
+        if shm is not None:
+            podfiles.unmount(shm)
+
+    async def remove(self, sid: str) -> None:
+        """Stop if needed, then remove containers, infra, files and the record."""
+        sb = self.find(sid)
+        if sb is None:
+            return
+        async with self.lock(sb.id):
+            await self._stop_locked(sb)
+            if self.containers is not None:
+                await self.containers.remove_all(sb.id)
+            async with step("deleting the infra container"):
+                await self.launcher.delete(sb.id, sb.handler)
+            shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
+            shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
+            self._forget(sb)
+            self.names.release(sb.name, sb.id)
+        self._locks.pop(sb.id, None)
+        log.info("pod sandbox %s removed", sb.id)
+
+    # -- status / list ----------------------------------------------------------------
+
+    def list(self, flt: pb.PodSandboxFilter | None) -> builtins.list[Sandbox]:
+        out = list(self.sandboxes.values())
+        if flt is None:
+            return out
+        if flt.id:
+            out = [s for s in out if s.id.startswith(flt.id)]
+        if flt.HasField("state"):
+            out = [s for s in out if s.state == flt.state.state]
+        if flt.label_selector:
+            sel = dict(flt.label_selector)
+            out = [s for s in out if matches_labels(dict(s.config.labels), sel)]
+        return out
+
+    def verbose_info(self, sb: Sandbox) -> dict[str, str]:
+        spec_path = self.launcher.bundle_dir(sb.id) / "config.json"
+        try:
+            runtime_spec = json.loads(spec_path.read_text())
+        except (OSError, ValueError):
+            runtime_spec = None
+        info = {
+            "pid": sb.infra_pid,
+            "conmonPid": sb.conmon_pid,
+            "netnsPath": sb.netns,
+            "runtimeHandler": sb.handler,
+            "ips": sb.ips,
+            "cgroupParent": sb.cgroup_parent,
+            "runtimeSpec": runtime_spec,
+        }
+        return {"info": json.dumps(info)}
+
+    # -- exits and recovery ------------------------------------------------------------
+
+    def on_exit(self, oid: str, code: int, finished_at: int) -> None:
+        """The infra process died: the pod is no longer ready."""
+        sb = self.sandboxes.get(oid)
+        if sb is not None and sb.state == pb.SANDBOX_READY:
+            log.warning("infra of pod %s exited with %d; pod is NOTREADY", oid, code)
+            sb.state = pb.SANDBOX_NOTREADY
+            self._save(sb)
+
+    async def recover(self) -> None:
+        """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""
+        for sid, rec in self.store.items(KIND):
+            sb = Sandbox.from_record(sid, rec)
+            self.sandboxes[sid] = sb
+            self.names.reserve(sb.name, sid)
+        checks: list[Awaitable[None]] = [
+            self._recheck(sb) for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY
+        ]
+        await asyncio.gather(*checks)
+
+    async def _recheck(self, sb: Sandbox) -> None:
+        state = None
+        with contextlib.suppress(PycriError):
+            state = await self.launcher.state(sb.id, sb.handler)
+        alive = state is not None and state.get("status") == "running"
+        if not alive or (sb.netns and not Path(sb.netns).exists()):
+            log.info("pod %s did not survive; marking NOTREADY", sb.id)
+            sb.state = pb.SANDBOX_NOTREADY
+            self._save(sb)
+

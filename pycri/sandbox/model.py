@@ -1,0 +1,74 @@
+"""The pod sandbox record: what pycri remembers about a pod, in memory and in the store."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from pycri.api import api_pb2 as pb
+
+KIND = "sandbox"
+
+
+def name_key(md: pb.PodSandboxMetadata) -> str:
+    """The reservation key: one live sandbox per (name, namespace, uid, attempt)."""
+    return f"{md.name}_{md.namespace}_{md.uid}_{md.attempt}"
+
+
+@dataclass
+class Sandbox:
+    id: str
+    config: pb.PodSandboxConfig
+    handler: str  # the configured handler actually used
+    runtime_handler: str  # as requested (may be "")
+    created_at: int  # ns since the epoch
+    state: int = pb.SANDBOX_NOTREADY
+    netns: str = ""  # pinned path; "" for host network
+    ips: list[str] = field(default_factory=list)
+    infra_pid: int = 0
+    conmon_pid: int = 0
+    cgroup_parent: str = ""
+    network_torn_down: bool = False
+
+    @property
+    def host_network(self) -> bool:
+        return self.config.linux.security_context.namespace_options.network == pb.NODE
+
+    @property
+    def name(self) -> str:
+        return name_key(self.config.metadata)
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "config": base64.b64encode(self.config.SerializeToString()).decode(),
+            "handler": self.handler,
+            "runtime_handler": self.runtime_handler,
+            "created_at": self.created_at,
+            "state": self.state,
+            "netns": self.netns,
+            "ips": self.ips,
+            "infra_pid": self.infra_pid,
+            "conmon_pid": self.conmon_pid,
+            "cgroup_parent": self.cgroup_parent,
+            "network_torn_down": self.network_torn_down,
+        }
+
+    @classmethod
+    def from_record(cls, sid: str, rec: dict[str, Any]) -> Sandbox:
+        config = pb.PodSandboxConfig()
+        config.ParseFromString(base64.b64decode(rec["config"]))
+        return cls(
+            id=sid,
+            config=config,
+            handler=rec["handler"],
+            runtime_handler=rec["runtime_handler"],
+            created_at=rec["created_at"],
+            state=rec["state"],
+            netns=rec["netns"],
+            ips=list(rec["ips"]),
+            infra_pid=rec["infra_pid"],
+            conmon_pid=rec["conmon_pid"],
+            cgroup_parent=rec["cgroup_parent"],
+            network_torn_down=rec["network_torn_down"],
+        )

@@ -1,0 +1,137 @@
+"""RuntimeService container RPCs: CRI messages in, ContainerManager calls, CRI messages out."""
+
+from __future__ import annotations
+
+import grpc
+from google.protobuf import json_format
+
+from pycri.api import api_pb2 as pb
+from pycri.container.manager import ContainerManager
+from pycri.container.model import Container
+from pycri.server.errors import rpc
+
+Ctx = grpc.aio.ServicerContext
+
+
+def _image_spec(c: Container) -> pb.ImageSpec:
+    return pb.ImageSpec(
+        image=c.config.image.image,
+        annotations=c.config.image.annotations,
+        user_specified_image=c.config.image.user_specified_image or c.config.image.image,
+        runtime_handler=c.config.image.runtime_handler,
+    )
+
+
+def container_status(c: Container) -> pb.ContainerStatus:
+    resources = json_format.ParseDict(c.resources, pb.LinuxContainerResources())
+    return pb.ContainerStatus(
+        id=c.id,
+        metadata=c.config.metadata,
+        state=c.state,  # type: ignore[arg-type]
+        created_at=c.created_at,
+        started_at=c.started_at,
+        finished_at=c.finished_at,
+        exit_code=c.exit_code,
+        image=_image_spec(c),
+        image_ref=c.image_ref,
+        image_id=c.image_id,
+        reason=c.reason,
+        message=c.message,
+        labels=c.config.labels,
+        annotations=c.config.annotations,
+        mounts=c.config.mounts,
+        log_path=c.log_path,
+        resources=pb.ContainerResources(linux=resources),
+        user=pb.ContainerUser(
+            linux=pb.LinuxContainerUser(uid=c.uid, gid=c.gid, supplemental_groups=c.groups)
+        ),
+    )
+
+
+def container_item(c: Container) -> pb.Container:
+    return pb.Container(
+        id=c.id,
+        pod_sandbox_id=c.sandbox_id,
+        metadata=c.config.metadata,
+        image=_image_spec(c),
+        image_ref=c.image_ref,
+        image_id=c.image_id,
+        state=c.state,  # type: ignore[arg-type]
+        created_at=c.created_at,
+        labels=c.config.labels,
+        annotations=c.config.annotations,
+    )
+
+
+class ContainerRPCs:
+    containers: ContainerManager
+
+    @rpc
+    async def CreateContainer(
+        self, request: pb.CreateContainerRequest, context: Ctx
+    ) -> pb.CreateContainerResponse:
+        cid = await self.containers.create(
+            request.pod_sandbox_id, request.config, request.sandbox_config
+        )
+        return pb.CreateContainerResponse(container_id=cid)
+
+    @rpc
+    async def StartContainer(
+        self, request: pb.StartContainerRequest, context: Ctx
+    ) -> pb.StartContainerResponse:
+        await self.containers.start(request.container_id)
+        return pb.StartContainerResponse()
+
+    @rpc
+    async def StopContainer(
+        self, request: pb.StopContainerRequest, context: Ctx
+    ) -> pb.StopContainerResponse:
+        await self.containers.stop(request.container_id, int(request.timeout))
+        return pb.StopContainerResponse()
+
+    @rpc
+    async def RemoveContainer(
+        self, request: pb.RemoveContainerRequest, context: Ctx
+    ) -> pb.RemoveContainerResponse:
+        await self.containers.remove(request.container_id)
+        return pb.RemoveContainerResponse()
+
+    @rpc
+    async def ContainerStatus(
+        self, request: pb.ContainerStatusRequest, context: Ctx
+    ) -> pb.ContainerStatusResponse:
+        c = self.containers.get(request.container_id)
+        info = self.containers.verbose_info(c) if request.verbose else {}
+        return pb.ContainerStatusResponse(status=container_status(c), info=info)
+
+    @rpc
+    async def ListContainers(
+        self, request: pb.ListContainersRequest, context: Ctx
+    ) -> pb.ListContainersResponse:
+        flt = request.filter if request.HasField("filter") else None
+        return pb.ListContainersResponse(
+            containers=[container_item(c) for c in self.containers.list(flt)]
+        )
+
+    @rpc
+    async def UpdateContainerResources(
+        self, request: pb.UpdateContainerResourcesRequest, context: Ctx
+    ) -> pb.UpdateContainerResourcesResponse:
+        await self.containers.update_resources(request.container_id, request.linux)
+        return pb.UpdateContainerResourcesResponse()
+
+    @rpc
+    async def ReopenContainerLog(
+        self, request: pb.ReopenContainerLogRequest, context: Ctx
+    ) -> pb.ReopenContainerLogResponse:
+        await self.containers.reopen_log(request.container_id)
+        return pb.ReopenContainerLogResponse()
+
+    @rpc
+    async def ExecSync(self, request: pb.ExecSyncRequest, context: Ctx) -> pb.ExecSyncResponse:
+        result = await self.containers.exec_sync(
+            request.container_id, list(request.cmd), int(request.timeout)
+        )
+        return pb.ExecSyncResponse(
+            stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code
+        )

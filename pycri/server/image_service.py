@@ -1,0 +1,98 @@
+"""CRI ImageService: translate CRI messages to ImageManager calls and back, nothing more."""
+
+from __future__ import annotations
+
+import json
+
+import grpc
+
+from pycri.api import api_pb2 as pb
+from pycri.api import api_pb2_grpc
+from pycri.errors import InvalidArgument
+from pycri.image.auth import Auth
+from pycri.image.manager import ImageManager
+from pycri.image.types import FsUsage, Image
+from pycri.server.errors import rpc
+
+
+def _image(img: Image) -> pb.Image:
+    out = pb.Image(
+        id=img.id, repo_tags=img.repo_tags, repo_digests=img.repo_digests, size=img.size,
+        username=img.username, pinned=img.pinned,
+        spec=pb.ImageSpec(image=img.id, annotations=img.annotations),
+    )
+    if img.uid is not None:
+        out.uid.value = img.uid
+    return out
+
+
+def _fs(u: FsUsage) -> pb.FilesystemUsage:
+    return pb.FilesystemUsage(
+        timestamp=u.timestamp_ns,
+        fs_id=pb.FilesystemIdentifier(mountpoint=u.mountpoint),
+        used_bytes=pb.UInt64Value(value=u.used_bytes),
+        inodes_used=pb.UInt64Value(value=u.inodes_used),
+    )
+
+
+def _auth(a: pb.AuthConfig) -> Auth | None:
+    auth = Auth(
+        username=a.username, password=a.password, auth=a.auth,
+        server_address=a.server_address, identity_token=a.identity_token,
+        registry_token=a.registry_token,
+    )
+    return auth if auth != Auth() else None
+
+
+def _ref(spec: pb.ImageSpec) -> str:
+    if not spec.image:
+        raise InvalidArgument("image reference must be set")
+    return spec.image
+
+
+class ImageServicer(api_pb2_grpc.ImageServiceServicer):
+    def __init__(self, manager: ImageManager) -> None:
+        self.m = manager
+
+    @rpc
+    async def ListImages(
+        self, request: pb.ListImagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListImagesResponse:
+        ref = request.filter.image.image if request.HasField("filter") else ""
+        return pb.ListImagesResponse(images=[_image(i) for i in self.m.list(ref or None)])
+
+    @rpc
+    async def ImageStatus(
+        self, request: pb.ImageStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ImageStatusResponse:
+        img = self.m.status(_ref(request.image))
+        if img is None:
+            return pb.ImageStatusResponse()
+        info = {}
+        if request.verbose:
+            info["info"] = json.dumps({"imageSpec": img.config, "repoTags": img.repo_tags,
+                                       "repoDigests": img.repo_digests})
+        return pb.ImageStatusResponse(image=_image(img), info=info)
+
+    @rpc
+    async def PullImage(
+        self, request: pb.PullImageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PullImageResponse:
+        auth = _auth(request.auth) if request.HasField("auth") else None
+        return pb.PullImageResponse(image_ref=await self.m.pull(_ref(request.image), auth))
+
+    @rpc
+    async def RemoveImage(
+        self, request: pb.RemoveImageRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RemoveImageResponse:
+        await self.m.remove(_ref(request.image))
+        return pb.RemoveImageResponse()
+
+    @rpc
+    async def ImageFsInfo(
+        self, request: pb.ImageFsInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ImageFsInfoResponse:
+        return pb.ImageFsInfoResponse(
+            image_filesystems=[_fs(self.m.fs_info())],
+            container_filesystems=[_fs(self.m.container_fs_info())],
+        )

@@ -1,0 +1,88 @@
+"""RuntimeService pod sandbox RPCs: CRI messages in, SandboxManager calls, CRI messages out."""
+
+from __future__ import annotations
+
+import grpc
+
+from pycri.api import api_pb2 as pb
+from pycri.sandbox.manager import SandboxManager
+from pycri.sandbox.model import Sandbox
+from pycri.server.errors import rpc
+
+Ctx = grpc.aio.ServicerContext
+
+
+def sandbox_status(sb: Sandbox) -> pb.PodSandboxStatus:
+    ips = sb.ips if sb.state == pb.SANDBOX_READY else []
+    return pb.PodSandboxStatus(
+        id=sb.id,
+        metadata=sb.config.metadata,
+        state=sb.state,  # type: ignore[arg-type]
+        created_at=sb.created_at,
+        network=pb.PodSandboxNetworkStatus(
+            ip=ips[0] if ips else "",
+            additional_ips=[pb.PodIP(ip=ip) for ip in ips[1:]],
+        ),
+        linux=pb.LinuxPodSandboxStatus(
+            namespaces=pb.Namespace(
+                options=sb.config.linux.security_context.namespace_options
+            )
+        ),
+        labels=sb.config.labels,
+        annotations=sb.config.annotations,
+        runtime_handler=sb.runtime_handler,
+    )
+
+
+def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
+    return pb.PodSandbox(
+        id=sb.id,
+        metadata=sb.config.metadata,
+        state=sb.state,  # type: ignore[arg-type]
+        created_at=sb.created_at,
+        labels=sb.config.labels,
+        annotations=sb.config.annotations,
+        runtime_handler=sb.runtime_handler,
+    )
+
+
+class SandboxRPCs:
+    sandboxes: SandboxManager
+
+    @rpc
+    async def RunPodSandbox(
+        self, request: pb.RunPodSandboxRequest, context: Ctx
+    ) -> pb.RunPodSandboxResponse:
+        sid = await self.sandboxes.run(request.config, request.runtime_handler)
+        return pb.RunPodSandboxResponse(pod_sandbox_id=sid)
+
+    @rpc
+    async def StopPodSandbox(
+        self, request: pb.StopPodSandboxRequest, context: Ctx
+    ) -> pb.StopPodSandboxResponse:
+        await self.sandboxes.stop(request.pod_sandbox_id)
+        return pb.StopPodSandboxResponse()
+
+    @rpc
+    async def RemovePodSandbox(
+        self, request: pb.RemovePodSandboxRequest, context: Ctx
+    ) -> pb.RemovePodSandboxResponse:
+        await self.sandboxes.remove(request.pod_sandbox_id)
+        return pb.RemovePodSandboxResponse()
+
+    @rpc
+    async def PodSandboxStatus(
+        self, request: pb.PodSandboxStatusRequest, context: Ctx
+    ) -> pb.PodSandboxStatusResponse:
+        sb = self.sandboxes.get(request.pod_sandbox_id)
+        info = self.sandboxes.verbose_info(sb) if request.verbose else {}
+        return pb.PodSandboxStatusResponse(status=sandbox_status(sb), info=info)
+
+    @rpc
+    async def ListPodSandbox(
+        self, request: pb.ListPodSandboxRequest, context: Ctx
+    ) -> pb.ListPodSandboxResponse:
+        flt = request.filter if request.HasField("filter") else None
+        return pb.ListPodSandboxResponse(
+            items=[sandbox_item(sb) for sb in self.sandboxes.list(flt)]
+        )

@@ -1,0 +1,263 @@
+"""Pulls from a real docker-registry: formats, platforms, mirrors, auth, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from pycri import errors
+from pycri.image.auth import Auth
+from pycri.image.content import DigestMismatch
+from pycri.image.manager import IMAGE, LAYER
+from pycri.image.registry import RegistryError
+from tests.image.conftest import Maker
+from tests.lib import images
+from tests.lib.registry import BearerFront, Registry, StallFront, free_port
+
+
+def _empty_state(m: object) -> None:
+    """Nothing of a failed pull is left: no records, blobs, layers, temp or ingest files."""
+    from pycri.image.manager import ImageManager
+
+    assert isinstance(m, ImageManager)
+    assert list(m._store.items(IMAGE)) == [] and list(m._store.items(LAYER)) == []
+    assert list(m.content.digests()) == []
+    assert list(m.content.ingest.iterdir()) == []
+    assert list((m.root / "layers").iterdir()) == []
+    assert list((m.root / "tmp").iterdir()) == []
+
+
+async def test_pull_by_tag_then_status_by_every_name(make_manager: Maker, refs: dict[str, str],
+                                                     registry: Registry) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    assert iid.startswith("sha256:") and len(iid) == 71
+    img = m.status(refs["busybox"])
+    assert img is not None and img.id == iid
+    assert img.repo_tags == [refs["busybox"]]
+    (dig,) = img.repo_digests
+    assert dig.startswith(f"{registry.addr}/busybox@sha256:")
+    assert img.size > 1_000_000 and img.uid is None and img.username == ""
+    for name in (iid, iid[7:], iid[7:19], dig):
+        found = m.status(name)
+        assert found is not None and found.id == iid, name
+    assert m.status("sha256:" + "0" * 64) is None and m.status("nosuchimage") is None
+    assert [i.id for i in m.list()] == [iid] and m.list(refs["uid"]) == []
+    assert m.image_config(iid)["config"]["Cmd"] == ["/bin/sh"]
+    fs = m.fs_info()
+    assert fs.used_bytes > img.size and fs.inodes_used > 100 and fs.mountpoint == str(m.root)
+
+
+async def test_pull_by_digest_records_digest_only(make_manager: Maker,
+                                                  refs: dict[str, str]) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    dig = m.status(iid).repo_digests[0]  # type: ignore[union-attr]
+    await m.remove(iid)
+    assert await m.pull(dig) == iid
+    img = m.status(dig)
+    assert img is not None and img.repo_tags == [] and img.repo_digests == [dig]
+    with pytest.raises(errors.NotFound):
+        await m.pull(dig.split("@")[0] + "@sha256:" + "1" * 64)
+
+
+async def test_user_uid_and_username(make_manager: Maker, refs: dict[str, str]) -> None:
+    m = make_manager()
+    a = m.status(await m.pull(refs["uid"]))
+    b = m.status(await m.pull(refs["username"]))
+    assert a is not None and (a.uid, a.username) == (1000, "")
+    assert b is not None and (b.uid, b.username) == (None, "user1")
+
+
+@pytest.mark.parametrize("name", ["multi", "v2s2", "zstd"])
+async def test_formats(make_manager: Maker, refs: dict[str, str], name: str) -> None:
+    """OCI index (platform chosen), Docker schema2, zstd + uncompressed layers."""
+    m = make_manager()
+    iid = await m.pull(refs[name])
+    cfg = m.image_config(iid)
+    assert cfg["architecture"] == "amd64"
+    root = await m.prepare_rootfs("c1", iid)
+    assert (root / "bin" / "busybox").stat().st_size > 100_000
+    assert (root / "etc" / "passwd").read_text().startswith("root:x:0:0")
+    if name == "multi":
+        img = m.status(refs[name])
+        assert img is not None
+        idx = img.repo_digests[0].split("@")[1]
+        assert m.content.has(idx) and idx != iid
+
+
+async def test_unknown_tag_and_unreachable(make_manager: Maker, registry: Registry) -> None:
+    m = make_manager(connect_timeout=2.0)
+    with pytest.raises(errors.NotFound):
+        await m.pull(f"{registry.addr}/busybox:nosuchtag")
+    with pytest.raises(errors.Unavailable):
+        await m.pull(f"127.0.0.1:{free_port()}/busybox:latest")
+    _empty_state(m)
+
+
+async def test_mirror_for_short_name_and_fallback(make_manager: Maker, refs: dict[str, str],
+                                                  registry: Registry, tmp_path: Path) -> None:
+    dead = f"127.0.0.1:{free_port()}"
+    (tmp_path / "registries.conf").write_text(f"""
+[[registry]]
+prefix = "docker.io"
+location = "docker.io"
+[[registry.mirror]]
+location = "{dead}"
+insecure = true
+[[registry.mirror]]
+location = "{registry.addr}"
+insecure = true
+""")
+    (tmp_path / "registries.conf.d").mkdir()
+    (tmp_path / "registries.conf.d" / "50-k8s.conf").write_text(f"""
+[[registry]]
+prefix = "registry.k8s.io"
+location = "registry.k8s.io"
+[[registry.mirror]]
+location = "{registry.addr}"
+[[registry]]
+prefix = "{dead}"
+location = "{dead}"
+[[registry.mirror]]
+location = "{registry.addr}"
+""")
+    m = make_manager(connect_timeout=2.0)
+    iid = await m.pull("busybox")  # dead mirror, then the live one at library/busybox
+    img = m.status("docker.io/library/busybox:latest")
+    assert img is not None and img.id == iid and m.status("busybox") == img
+    assert img.repo_tags == ["docker.io/library/busybox:latest"]
+    iid2 = await m.pull("registry.k8s.io/multi:latest")
+    img = m.status("registry.k8s.io/multi")
+    assert img is not None and img.id == iid2
+    # The amd64 entry of "multi" is the busybox image: one image, both names.
+    assert any(d.startswith("registry.k8s.io/multi@sha256:") for d in img.repo_digests)
+    assert "registry.k8s.io/multi:latest" in img.repo_tags
+    # Upstream dead, mirror alive.
+    uid_img = m.status(await m.pull(f"{dead}/busybox:uid"))
+    assert uid_img is not None and uid_img.uid == 1000
+    with pytest.raises(errors.Unavailable):  # no mirror for this one
+        await m.pull(f"127.0.0.2:{free_port()}/a")
+
+
+async def test_basic_auth(make_manager: Maker, tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "authreg", htpasswd=("alice", "s3cret")).start()
+    try:
+        # skopeo needs credentials to push.
+        layout = tmp_path / "layout"
+        images.write_layout(layout, "v1", [images.busybox_spec()])
+        import subprocess
+        subprocess.run(["skopeo", "copy", "--quiet", "--dest-tls-verify=false",
+                        "--dest-creds", "alice:s3cret", f"oci:{layout}:v1",
+                        f"docker://{reg.addr}/private:v1"], check=True, capture_output=True)
+        ref = f"{reg.addr}/private:v1"
+        m = make_manager()
+        with pytest.raises(RegistryError, match="credentials"):
+            await m.pull(ref)
+        with pytest.raises(RegistryError, match="refused"):
+            await m.pull(ref, Auth(username="alice", password="wrong"))
+        _empty_state(m)
+        iid = await m.pull(ref, Auth(username="alice", password="s3cret"))
+        await m.remove(iid)
+        with pytest.raises(RegistryError):  # one caller's credentials are not reused for another
+            await m.pull(ref)
+        assert await m.pull(ref, Auth(auth="YWxpY2U6czNjcmV0")) == iid
+        # Credentials for another server are not sent.
+        await m.remove(iid)
+        m2 = make_manager(root=tmp_path / "root2")
+        with pytest.raises(RegistryError):
+            await m2.pull(ref, Auth(username="alice", password="s3cret", server_address="quay.io"))
+    finally:
+        reg.stop()
+
+
+async def test_bearer_token_flow(make_manager: Maker, refs: dict[str, str],
+                                 registry: Registry) -> None:
+    front = BearerFront(registry.addr, ("bob", "pw"))
+    front.start()
+    try:
+        m = make_manager()
+        with pytest.raises(RegistryError):
+            await m.pull(f"{front.addr}/busybox:latest")
+        auth = Auth(username="bob", password="pw")
+        iid = await m.pull(f"{front.addr}/busybox:latest", auth)
+        assert m.status(refs["busybox"]) is None and m.status(iid) is not None
+        await m.pull(f"{front.addr}/multi:latest", auth)
+        scopes = [p for p in front.token_requests if "scope=" in p]
+        assert any("busybox" in p for p in scopes) and any("multi" in p for p in scopes)
+        # A ready-made registry token is used as is, with no token request.
+        m2 = make_manager(root=m.root.parent / "root2")
+        import base64
+        tok = "tok." + base64.urlsafe_b64encode(b"repository:busybox:pull").decode()
+        n = len(front.token_requests)
+        assert await m2.pull(f"{front.addr}/busybox:uid", Auth(registry_token=tok))
+        assert len(front.token_requests) == n
+    finally:
+        front.stop()
+
+
+async def test_corrupt_blob_is_refused_and_leaves_nothing(make_manager: Maker,
+                                                          tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg").start()
+    try:
+        ref = images.push_busybox(reg.addr, tmp_path / "layout")
+        spec = images.busybox_spec()
+        raw = images.compress(images.tar_bytes(spec.layers[1]), "gzip")
+        blob = reg.blob_path(images.sha(raw))
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        blob.write_bytes(bytes(data))
+        m = make_manager()
+        with pytest.raises(DigestMismatch):
+            await m.pull(ref)
+        _empty_state(m)
+    finally:
+        reg.stop()
+
+
+@pytest.mark.parametrize("mode", ["all", "blob"])
+async def test_stalled_registry_times_out(make_manager: Maker, registry: Registry,
+                                          refs: dict[str, str], mode: str) -> None:
+    front = StallFront(registry.addr, mode)
+    front.start()
+    try:
+        m = make_manager(pull_progress_timeout=1.0, read_timeout=30.0)
+        t0 = time.monotonic()
+        with pytest.raises(errors.DeadlineExceeded, match="no progress"):
+            await m.pull(f"{front.addr}/busybox:latest")
+        assert time.monotonic() - t0 < 8
+        _empty_state(m)
+    finally:
+        front.stop()
+
+
+async def test_concurrent_pulls_share_one_download(make_manager: Maker,
+                                                   tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg").start()
+    try:
+        ref = images.push_busybox(reg.addr, tmp_path / "layout")
+        m = make_manager()
+        a, b = await asyncio.gather(m.pull(ref), m.pull(ref))
+        assert a == b
+        spec = images.busybox_spec()
+        for entries in spec.layers:
+            digest = images.sha(images.compress(images.tar_bytes(entries), "gzip"))
+            assert reg.blob_gets(digest) == 1, digest
+    finally:
+        reg.stop()
+
+
+async def test_hostile_image_refused_and_leaves_nothing(make_manager: Maker, registry: Registry,
+                                                        tmp_path: Path) -> None:
+    evil = [images.file("ok", "fine"), images.symlink("esc", "/tmp"),
+            images.file("esc/pycri-escaped", "pwned")]
+    ref = images.push_image(registry.addr, tmp_path / "layout", "evil", "v1",
+                            [images.ImageSpec(layers=[evil])])
+    m = make_manager()
+    with pytest.raises(errors.InvalidArgument, match="symlink"):
+        await m.pull(ref)
+    assert not Path("/tmp/pycri-escaped").exists()
+    _empty_state(m)

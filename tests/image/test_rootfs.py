@@ -1,0 +1,139 @@
+"""Overlay root filesystems, remove semantics, shared layers, restart and recovery."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from pycri.image.manager import IMAGE, LAYER, SNAPSHOT
+from pycri.image.snapshots import is_mounted
+from tests.image.conftest import Maker
+from tests.lib import images
+from tests.lib.registry import Registry
+
+
+async def test_overlay_shows_whiteouts_and_opaque_dirs(make_manager: Maker,
+                                                       refs: dict[str, str]) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    root = await m.prepare_rootfs("c1", iid)
+    assert is_mounted(root)
+    assert not (root / "etc/removed").exists()  # whited out by layer 3
+    assert sorted(os.listdir(root / "data")) == ["new"]  # opaque: layer 1/2 entries hidden
+    assert os.readlink(root / "bin/sh") == "busybox"
+    assert os.path.exists(root / "bin/sleep")
+    assert (root / "etc/motd.link").stat().st_ino == (root / "etc/motd").stat().st_ino
+    assert (root / "home/user1/hello").stat().st_uid == 1000
+    assert stat.S_IMODE((root / "tmp").stat().st_mode) == 0o1777
+    assert m.rootfs_usage("c1") == (0, 0)
+    (root / "tmp/big").write_bytes(b"x" * 100_000)
+    used, inodes = m.rootfs_usage("c1")
+    assert used >= 100_000 and inodes >= 2  # tmp (copied up) + the file
+    assert m.container_fs_info().used_bytes >= 100_000
+    # Writes go to the upper dir only: the shared layer is untouched.
+    assert not any((m.root / "layers" / c / "tmp/big").exists()
+                   for c in m._store.get(IMAGE, iid)["chain_ids"])  # type: ignore[index]
+    await m.remove_rootfs("c1")
+    assert not is_mounted(root) and not root.exists()
+    assert m._store.get(SNAPSHOT, "c1") is None
+    await m.remove_rootfs("c1")  # absent: success
+
+
+async def test_empty_image_and_many_layers(make_manager: Maker, refs: dict[str, str],
+                                           registry: Registry, tmp_path: Path) -> None:
+    m = make_manager()
+    root = await m.prepare_rootfs("e", await m.pull(refs["empty"]))
+    assert is_mounted(root) and os.listdir(root) == []
+    # 70 layers: absolute lowerdir paths exceed a page, so the short relative form is used.
+    layers = [[images.file(f"f{i}", str(i))] for i in range(70)]
+    ref = images.push_image(registry.addr, tmp_path / "layout", "many", "v1",
+                            [images.ImageSpec(layers=layers)])
+    root = await m.prepare_rootfs("many", await m.pull(ref))
+    assert sorted(os.listdir(root)) == sorted(f"f{i}" for i in range(70))
+    assert (root / "f0").read_text() == "0" and (root / "f69").read_text() == "69"
+    await m.remove_rootfs("many")
+    assert not is_mounted(root)
+
+
+async def test_remove_by_tag_id_digest_and_shared_layers(make_manager: Maker,
+                                                         refs: dict[str, str]) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    assert await m.pull(refs["library"]) == iid  # same image, a second tag
+    img = m.status(iid)
+    assert img is not None and len(img.repo_tags) == 2
+    await m.remove(refs["busybox"])  # by tag: the whole image, all tags
+    assert m.status(iid) is None and m.status(refs["library"]) is None
+    assert list(m.content.digests()) == [] and list((m.root / "layers").iterdir()) == []
+    await m.remove(refs["busybox"])  # absent: success
+    await m.remove("sha256:" + "f" * 64)
+    iid = await m.pull(refs["busybox"])
+    await m.remove(iid[7:])  # by full hex id
+    assert m.list() == []
+    iid = await m.pull(refs["busybox"])
+    await m.remove(m.status(iid).repo_digests[0])  # type: ignore[union-attr]
+    assert m.list() == []
+    # Two images sharing their base layers: removing one keeps what the other uses.
+    a = await m.pull(refs["busybox"])
+    b = await m.pull(refs["uid"])
+    assert a != b
+    shared = set(m._store.get(IMAGE, a)["chain_ids"]) & set(m._store.get(IMAGE, b)["chain_ids"])  # type: ignore[index]
+    assert shared
+    await m.remove(a)
+    assert all(m._store.get(LAYER, c) for c in shared)
+    root = await m.prepare_rootfs("b", b)
+    assert (root / "bin/busybox").exists()
+
+
+async def test_tag_moves_to_new_image(make_manager: Maker, registry: Registry,
+                                      tmp_path: Path) -> None:
+    m = make_manager()
+    layout = tmp_path / "layout"
+    ref = images.push_busybox(registry.addr, layout, name="moving", tag="v")
+    old = await m.pull(ref)
+    images.push_busybox(registry.addr, layout, name="moving", tag="v", user="1001")
+    new = await m.pull(ref)
+    assert new != old
+    o, n = m.status(old), m.status(new)
+    assert o is not None and n is not None
+    assert o.repo_tags == [] and len(o.repo_digests) == 1  # keeps its digest name
+    assert n.repo_tags == [ref] and m.status(ref) == n
+
+
+async def test_image_in_use_keeps_layers_until_container_gone(make_manager: Maker,
+                                                              refs: dict[str, str]) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    root = await m.prepare_rootfs("c1", iid)
+    await m.remove(iid)
+    assert m.status(iid) is None
+    assert (root / "bin/busybox").exists()  # layers still there
+    chains = m._store.get(SNAPSHOT, "c1")["chain_ids"]  # type: ignore[index]
+    assert all((m.root / "layers" / c).is_dir() for c in chains)
+    await m.remove_rootfs("c1")
+    assert not any((m.root / "layers" / c).exists() for c in chains)
+    assert list(m.content.digests()) == []
+
+
+async def test_restart_keeps_index_and_recover_cleans(make_manager: Maker,
+                                                      refs: dict[str, str],
+                                                      tmp_path: Path) -> None:
+    m = make_manager(pinned=(refs["busybox"],))
+    iid = await m.pull(refs["busybox"])
+    assert m.status(iid).pinned  # type: ignore[union-attr]
+    root = await m.prepare_rootfs("c1", iid)
+    await m.close()
+    # Debris of a crash: ingest file, unpack temp dir, an unrecorded layer dir.
+    (m.content.ingest / "partial").write_bytes(b"x")
+    (m.root / "tmp" / "unpack-dead").mkdir()
+    (m.root / "layers" / ("e" * 64)).mkdir()
+    m2 = make_manager(root=m.root)
+    m2.recover()
+    img = m2.status(refs["busybox"])
+    assert img is not None and img.id == iid and not img.pinned
+    assert is_mounted(root)  # mounts are left alone
+    assert list(m2.content.ingest.iterdir()) == [] and list((m2.root / "tmp").iterdir()) == []
+    assert not (m2.root / "layers" / ("e" * 64)).exists()
+    await m2.remove_rootfs("c1")
+    assert not is_mounted(root)

@@ -1,0 +1,97 @@
+"""Layer unpack: metadata kept, whiteouts converted, hostile entries refused with nothing left."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from pycri import errors
+from pycri.image.unpack import HostileLayer, unpack_layer
+from tests.lib import images
+from tests.lib.images import Entry, directory, file, hardlink, opaque, symlink, whiteout
+
+
+def _unpack(tmp_path: Path, entries: list[Entry], comp: str = "gzip",
+            diff: bool = True) -> Path:
+    raw = images.tar_bytes(entries)
+    blob = tmp_path / "blob"
+    blob.write_bytes(images.compress(raw, comp))
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    dest = tmp_path / "layer"
+    unpack_layer(blob, dest, tmp_path / "tmp", images.sha(raw) if diff else None)
+    return dest
+
+
+@pytest.mark.parametrize("comp", ["gzip", "zstd", "none"])
+def test_metadata_kept(tmp_path: Path, comp: str) -> None:
+    entries = [
+        directory("d", 0o750, 12, 34),
+        file("d/suid", "x", 0o4755, 0, 0),
+        file("./d/owned", "y", 0o600, 1000, 1001),
+        symlink("d/link", "/etc/passwd"),
+        hardlink("d/hl", "d/owned"),
+        Entry("d/null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3),
+        Entry("d/fifo", tarfile.FIFOTYPE, mode=0o644),
+        Entry("d/x", xattrs={"user.pycri": "v"}, data=b"z"),
+        whiteout("gone"), opaque("o"),
+    ]
+    dest = _unpack(tmp_path, entries, comp)
+    st = os.lstat(dest / "d")
+    assert (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid) == (0o750, 12, 34)
+    assert st.st_mtime == images.MTIME
+    assert stat.S_IMODE(os.lstat(dest / "d/suid").st_mode) == 0o4755
+    o = os.lstat(dest / "d/owned")
+    assert (o.st_uid, o.st_gid, o.st_nlink) == (1000, 1001, 2)
+    assert os.lstat(dest / "d/hl").st_ino == o.st_ino
+    assert os.readlink(dest / "d/link") == "/etc/passwd"
+    n = os.lstat(dest / "d/null")
+    assert stat.S_ISCHR(n.st_mode) and os.major(n.st_rdev) == 1 and os.minor(n.st_rdev) == 3
+    assert stat.S_ISFIFO(os.lstat(dest / "d/fifo").st_mode)
+    assert os.getxattr(dest / "d/x", "user.pycri") == b"v"
+    w = os.lstat(dest / "gone")
+    assert stat.S_ISCHR(w.st_mode) and w.st_rdev == 0
+    assert os.getxattr(dest / "o", "trusted.overlay.opaque") == b"y"
+    assert not (dest / "o" / ".wh..wh..opq").exists()
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [file("../evil", "x")],
+        [file("a/../../evil", "x")],
+        [file("/abs-evil", "x")],
+        [symlink("esc", "../../"), file("esc/evil", "x")],
+        [symlink("esc", "/"), directory("esc/sub")],
+        [hardlink("hl", "../outside")],
+        [hardlink("hl", "/etc/passwd")],
+        [file("f", "x"), file("f/under-a-file", "x")],
+        [Entry("x", xattrs={"trusted.overlay.redirect": "/etc"}, data=b"")],
+        [whiteout("..")],
+    ],
+    ids=["dotdot", "nested-dotdot", "absolute", "symlink-file", "symlink-dir", "hardlink-dotdot",
+         "hardlink-absolute", "through-file", "overlay-xattr", "whiteout-dotdot"],
+)
+def test_hostile_layer_refused_nothing_left(tmp_path: Path, entries: list[Entry]) -> None:
+    with pytest.raises(HostileLayer):
+        _unpack(tmp_path, [file("ok", "fine"), *entries])
+    assert not (tmp_path / "layer").exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    assert not (tmp_path / "evil").exists() and not (tmp_path / "outside").exists()
+    assert not Path("/abs-evil").exists() and not Path("/evil").exists()
+
+
+def test_wrong_diff_id_and_garbage(tmp_path: Path) -> None:
+    raw = images.tar_bytes([file("a", "1")])
+    blob = tmp_path / "blob"
+    blob.write_bytes(images.compress(raw, "gzip"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(errors.InvalidArgument, match="hashes to"):
+        unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", "sha256:" + "0" * 64)
+    blob.write_bytes(b"\x1f\x8b" + b"garbage" * 100)
+    with pytest.raises(errors.InvalidArgument, match="corrupt"):
+        unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", None)
+    assert not (tmp_path / "layer").exists() and list((tmp_path / "tmp").iterdir()) == []

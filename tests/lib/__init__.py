@@ -1,0 +1,1 @@
+"""Helpers shared by pycri's test suites: a real local registry and test images."""
