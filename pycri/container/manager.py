@@ -250,6 +250,7 @@ class ContainerManager:
             if c.state != pb.CONTAINER_CREATED:
                 state = pb.ContainerState.Name(c.state)
                 raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
+            started_at = time.time_ns()
             try:
                 await self.launcher.start(c.id, c.handler)
             except PycriError as e:
@@ -258,7 +259,7 @@ class ContainerManager:
                 c.finished_at = time.time_ns()
                 self._save(c)
                 raise
-            c.started_at = time.time_ns()
+            c.started_at = started_at
             if c.state == pb.CONTAINER_CREATED:  # an instant exit may have been recorded
                 c.state = pb.CONTAINER_RUNNING
             self._save(c)
@@ -315,6 +316,8 @@ class ContainerManager:
         c = self.containers.get(oid)
         if c is None or c.state == pb.CONTAINER_EXITED:
             return
+        # Exit files carry a coarse-clock mtime; never report an exit before the start.
+        finished_at = max(finished_at, c.started_at)
         c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, finished_at
         if self.launcher.oom_killed(oid):
             c.reason = "OOMKilled"

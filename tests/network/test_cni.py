@@ -19,21 +19,24 @@ from tests.network.helpers import (
     in_netns,
     nat_rules_with,
     netns_links,
+    run,
 )
 
 BUSYBOX = "/usr/bin/busybox"
 PORTMAP = {"type": "portmap", "capabilities": {"portMappings": True}}
 
 
-def veths() -> set[str]:
-    return {n for n in host_links() if n.startswith("veth")}
+def veths(bridge: str) -> set[str]:
+    """Host-side veths on the test's own bridge (other runs' veths never count)."""
+    out = run("ip", "-o", "link", "show", "master", bridge, check=False)
+    return {line.split(":")[1].strip().split("@")[0] for line in out.splitlines()}
 
 
 async def test_two_pods_distinct_ips_reach_each_other(netenv: NetEnv) -> None:
     netenv.write_conf("10-test.conflist", netenv.conflist())
     m = netenv.manager()
     assert m.status().ready
-    veths_before = veths()
+    veths_before = veths(netenv.bridge)
     a, b = await netenv.pod(), await netenv.pod()
     ra, rb = await m.setup(a), await m.setup(b)
     assert ra.primary_ip != rb.primary_ip
@@ -51,7 +54,7 @@ async def test_two_pods_distinct_ips_reach_each_other(netenv: NetEnv) -> None:
     await m.teardown(b)
     assert netenv.leases() == []
     assert netenv.cached() == []
-    assert veths() == veths_before
+    assert veths(netenv.bridge) == veths_before
     assert netns_links(a.netns) == {"lo"}
     assert nat_rules_with(netenv.prefix) == []
 
@@ -102,7 +105,7 @@ async def test_failing_plugin_rolls_back(netenv: NetEnv) -> None:
     netenv.write_conf("10-test.conflist", netenv.conflist([PORTMAP, {"type": failer}]))
     m = netenv.manager()
     pod = await netenv.pod(port_mappings=(PortMapping("tcp", 80, 31999),))
-    veths_before = veths()
+    veths_before = veths(netenv.bridge)
     with pytest.raises(CNIPluginError) as ei:
         await m.setup(pod)
     err = ei.value
@@ -110,7 +113,7 @@ async def test_failing_plugin_rolls_back(netenv: NetEnv) -> None:
     assert "failer" in str(err) and "by the test" in str(err)
     assert netenv.leases() == []
     assert netns_links(pod.netns) == {"lo"}  # no eth0 left in the pod
-    assert veths() == veths_before
+    assert veths(netenv.bridge) == veths_before
     assert netenv.cached() == []
     assert nat_rules_with(pod.sandbox_id) == []
     # With the failure gone the same sandbox sets up cleanly (no "duplicate allocation").
@@ -184,19 +187,19 @@ async def test_twenty_concurrent_pods(netenv: NetEnv) -> None:
     netenv.write_conf("10-test.conflist", netenv.conflist([PORTMAP]))
     m = netenv.manager()
     netns_before = [n for n in list_netns() if TAG in n]
-    veths_before = veths()
+    veths_before = veths(netenv.bridge)
     pods = [await netenv.pod() for _ in range(20)]
     results = await asyncio.gather(*(m.setup(p) for p in pods))
     ips = [r.primary_ip for r in results]
     assert len(set(ips)) == 20
     assert netenv.leases() == sorted(ips)
-    assert len(veths() - veths_before) == 20
+    assert len(veths(netenv.bridge) - veths_before) == 20
     await asyncio.gather(*(m.teardown(p) for p in pods))
     for p in pods:
         await remove_netns(p.netns)
     assert netenv.leases() == []
     assert netenv.cached() == []
-    assert veths() == veths_before
+    assert veths(netenv.bridge) == veths_before
     assert [n for n in list_netns() if TAG in n] == netns_before
     assert nat_rules_with(netenv.prefix) == []
 

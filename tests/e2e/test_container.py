@@ -1,0 +1,306 @@
+"""Containers end to end: real images, conmon, runc and crun, cgroups and logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from pycri.api import api_pb2 as pb
+from tests.e2e.conftest import Node
+
+pytestmark = pytest.mark.e2e
+
+CRI_LOG_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+(Z|[+-]\d\d:\d\d) (stdout|stderr) (P|F) (.*)$"
+)
+SLEEP = ["sleep", "1000"]
+
+
+def wait_state(node: Node, cid: str, state: int, timeout: float = 15) -> pb.ContainerStatus:
+    deadline = time.monotonic() + timeout
+    while True:
+        st = node.status(cid)
+        if st.state == state or time.monotonic() > deadline:
+            return st
+        time.sleep(0.05)
+
+
+def security(**kw: object) -> pb.LinuxContainerConfig:
+    return pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(**kw))  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def pod(node: Node) -> tuple[str, pb.PodSandboxConfig]:
+    return node.run_pod("ctr")
+
+
+@pytest.mark.parametrize("handler", ["runc", "crun"])
+def test_lifecycle_logs_and_status(node: Node, handler: str) -> None:
+    sid, cfg = node.run_pod(f"life-{handler}")
+    if handler == "crun":
+        node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+        node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+        sid = node.cri.runtime.RunPodSandbox(
+            pb.RunPodSandboxRequest(config=cfg, runtime_handler="crun")
+        ).pod_sandbox_id
+    cid = node.create(sid, cfg, "logger", ["sh", "-c", "echo out; echo err >&2; printf part"],
+                      labels={"k": "v"}, annotations={"an": "x"})
+    st = node.status(cid)
+    assert st.state == pb.CONTAINER_CREATED
+    assert st.started_at == 0
+    node.cri.runtime.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = wait_state(node, cid, pb.CONTAINER_EXITED)
+    assert st.state == pb.CONTAINER_EXITED
+    assert (st.exit_code, st.reason) == (0, "Completed")
+    assert st.created_at <= st.started_at <= st.finished_at
+    assert st.image.image == node.image
+    assert st.image_id.startswith("sha256:") and st.image_ref
+    assert dict(st.labels) == {"k": "v"} and dict(st.annotations) == {"an": "x"}
+    assert st.log_path == str(node.log_dir / f"life-{handler}" / "logger.log")
+    lines = Path(st.log_path).read_text().splitlines()
+    parsed = [CRI_LOG_LINE.match(line) for line in lines]
+    assert all(parsed), lines
+    entries = sorted((m.group(2), m.group(3), m.group(4)) for m in parsed if m)
+    assert entries == [("stderr", "F", "err"), ("stdout", "F", "out"), ("stdout", "P", "part")]
+    info = json.loads(node.cri.runtime.ContainerStatus(
+        pb.ContainerStatusRequest(container_id=cid, verbose=True)).info["info"])
+    assert info["runtimeHandler"] == handler
+    listed = node.cri.runtime.ListContainers(pb.ListContainersRequest(
+        filter=pb.ContainerFilter(pod_sandbox_id=sid, label_selector={"k": "v"}))).containers
+    assert [c.id for c in listed] == [cid]
+
+
+def test_exit_codes_and_reasons(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    failing = node.run(sid, cfg, "fails", ["sh", "-c", "exit 3"])
+    st = wait_state(node, failing, pb.CONTAINER_EXITED)
+    assert (st.exit_code, st.reason) == (3, "Error")
+
+
+def test_oom_killed(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    limit = 32 * 1024 * 1024
+    cid = node.run(sid, cfg, "hog", ["sh", "-c", "head -c 200m /dev/zero | tail"],
+                   linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+                       memory_limit_in_bytes=limit)))
+    st = wait_state(node, cid, pb.CONTAINER_EXITED, timeout=30)
+    assert (st.exit_code, st.reason) == (137, "OOMKilled")
+
+
+def test_stop_signal_and_timeout(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    polite = node.run(sid, cfg, "polite",
+                      ["sh", "-c", "trap 'exit 42' TERM; while true; do sleep 0.1; done"])
+    stubborn = node.run(sid, cfg, "stubborn",
+                        ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
+    time.sleep(0.3)  # let the shells install their traps
+    t0 = time.monotonic()
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=polite, timeout=10))
+    assert time.monotonic() - t0 < 5
+    assert node.status(polite).exit_code == 42
+    t0 = time.monotonic()
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=stubborn, timeout=1))
+    assert 0.9 < time.monotonic() - t0 < 10
+    st = node.status(stubborn)
+    assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 137)
+    # Stop and remove are idempotent, also for unknown IDs.
+    for cid in (polite, "f" * 64):
+        node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+        node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+        node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    with pytest.raises(grpc.RpcError) as e:
+        node.status(polite)
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_bad_requests(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    rt = node.cri.runtime
+    cases: list[tuple[pb.CreateContainerRequest, grpc.StatusCode]] = [
+        (pb.CreateContainerRequest(pod_sandbox_id="0" * 64, sandbox_config=cfg,
+                                   config=node.container_config("x", SLEEP)),
+         grpc.StatusCode.NOT_FOUND),
+        (pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                   config=pb.ContainerConfig(
+                                       metadata=pb.ContainerMetadata(name="x"),
+                                       image=pb.ImageSpec(image="nope:1"))),
+         grpc.StatusCode.NOT_FOUND),
+        (pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                   config=node.container_config("x", SLEEP, mounts=[pb.Mount(
+                                       container_path="/m", host_path="/nonexistent/dir")])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                   config=node.container_config("x", SLEEP, linux=security(
+                                       run_as_username="nosuchuser"))),
+         grpc.StatusCode.INVALID_ARGUMENT),
+    ]
+    for req, code in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            rt.CreateContainer(req)
+        assert e.value.code() == code, e.value.details()
+    assert not rt.ListContainers(pb.ListContainersRequest()).containers
+    assert not list((node.tmp / "root" / "snapshots").glob("*"))
+    cid = node.create(sid, cfg, "dup", SLEEP)
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, cfg, "dup", SLEEP)
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    with pytest.raises(grpc.RpcError) as e:
+        rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_user_groups_caps_readonly(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "who", SLEEP, linux=security(
+        run_as_user=pb.Int64Value(value=1000), run_as_group=pb.Int64Value(value=2000),
+        supplemental_groups=[3000], readonly_rootfs=True,
+        capabilities=pb.Capability(drop_capabilities=["ALL"],
+                                   add_capabilities=["NET_ADMIN"])))
+    assert node.exec(cid, "id", "-u").stdout.strip() == b"1000"
+    assert node.exec(cid, "id", "-g").stdout.strip() == b"2000"
+    assert set(node.exec(cid, "id", "-G").stdout.split()) == {b"2000", b"3000"}
+    status = node.exec(cid, "cat", "/proc/self/status").stdout.decode()
+    bounding = re.search(r"CapBnd:\s+([0-9a-f]+)", status)
+    assert bounding and int(bounding.group(1), 16) == 1 << 12  # CAP_NET_ADMIN only
+    assert node.exec(cid, "touch", "/newfile").exit_code != 0
+    st = node.status(cid)
+    assert (st.user.linux.uid, st.user.linux.gid) == (1000, 2000)
+    named = node.run(sid, cfg, "named", SLEEP, linux=security(run_as_username="user2"))
+    assert node.exec(named, "id", "-un").stdout.strip() == b"user2"
+
+
+def test_seccomp_runtime_default_and_unconfined(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    sid, cfg = pod
+    default = node.run(sid, cfg, "confined", SLEEP, linux=security(
+        seccomp=pb.SecurityProfile(profile_type=pb.SecurityProfile.RuntimeDefault)))
+    unconfined = node.run(sid, cfg, "free", SLEEP, linux=security(
+        seccomp=pb.SecurityProfile(profile_type=pb.SecurityProfile.Unconfined)))
+    assert node.exec(default, "unshare", "-U", "true").exit_code != 0
+    assert node.exec(unconfined, "unshare", "-U", "true").exit_code == 0
+
+
+def test_bind_mounts(node: Node, pod: tuple[str, pb.PodSandboxConfig], tmp_path: Path) -> None:
+    sid, cfg = pod
+    host = tmp_path / "vol"
+    host.mkdir()
+    (host / "f").write_text("from host\n")
+    cid = node.run(sid, cfg, "mounts", SLEEP, mounts=[
+        pb.Mount(container_path="/rw", host_path=str(host)),
+        pb.Mount(container_path="/ro", host_path=str(host), readonly=True),
+    ])
+    assert node.exec(cid, "cat", "/ro/f").stdout == b"from host\n"
+    assert node.exec(cid, "sh", "-c", "echo x > /rw/new").exit_code == 0
+    assert (host / "new").read_text() == "x\n"
+    assert node.exec(cid, "sh", "-c", "echo y > /ro/new2").exit_code != 0
+    assert node.status(cid).mounts[1].readonly
+
+
+def test_update_resources_changes_the_cgroup(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "upd", SLEEP, linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20)))
+    spec = json.loads(node.cri.runtime.ContainerStatus(pb.ContainerStatusRequest(
+        container_id=cid, verbose=True)).info["info"])["runtimeSpec"]
+    cgroup = Path("/sys/fs/cgroup/memory") / spec["linux"]["cgroupsPath"].lstrip("/")
+    assert int((cgroup / "memory.limit_in_bytes").read_text()) == 64 << 20
+    node.cri.runtime.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+        container_id=cid, linux=pb.LinuxContainerResources(memory_limit_in_bytes=96 << 20)))
+    assert int((cgroup / "memory.limit_in_bytes").read_text()) == 96 << 20
+    assert node.status(cid).resources.linux.memory_limit_in_bytes == 96 << 20
+    node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+    assert not cgroup.exists()
+
+
+def test_exec_sync(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "ex", SLEEP)
+    r = node.exec(cid, "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code) == (b"out\n", b"err\n", 3)
+    t0 = time.monotonic()
+    r = node.exec(cid, "sh", "-c", "sleep 100 & echo bg", timeout=5)
+    assert r.stdout == b"bg\n" and r.exit_code == 0
+    assert time.monotonic() - t0 < 4
+    t0 = time.monotonic()
+    with pytest.raises(grpc.RpcError) as e:
+        node.exec(cid, "sleep", "30", timeout=1)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert time.monotonic() - t0 < 5
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+    with pytest.raises(grpc.RpcError) as e:
+        node.exec(cid, "true")
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_reopen_log(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "ticker", ["sh", "-c", "while true; do echo tick; sleep 0.1; done"])
+    log = Path(node.status(cid).log_path)
+    time.sleep(0.3)
+    log.rename(log.with_suffix(".1"))
+    node.cri.runtime.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
+    time.sleep(0.3)
+    assert "stdout F tick" in log.read_text()
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=0))
+    with pytest.raises(grpc.RpcError) as e:
+        node.cri.runtime.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_restart_keeps_status_and_sees_missed_exits(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    sid, cfg = pod
+    runner = node.run(sid, cfg, "runner", SLEEP)
+    quitter = node.run(sid, cfg, "quitter", ["sh", "-c", "read x < /dev/zero; exit 7"])
+    node.cri.channel.close()
+    node.proc.kill()  # kill -9 pycri
+    pid = node_pid(node, quitter)
+    os.kill(pid, signal.SIGKILL)  # exits while pycri is down
+    while Path(f"/proc/{pid}").exists():
+        time.sleep(0.02)
+    time.sleep(0.2)
+    down_at = time.time_ns()
+    node.proc.start()
+    node.cri = node.proc.client()
+    st = node.status(quitter)
+    assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 137)
+    assert st.finished_at <= down_at
+    assert node.status(runner).state == pb.CONTAINER_RUNNING
+    assert node.exec(runner, "echo", "alive").stdout == b"alive\n"
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=runner, timeout=0))
+    assert node.status(runner).exit_code == 137
+
+
+def node_pid(node: Node, cid: str) -> int:
+    return int((node.tmp / "state" / "bundles" / cid / "monitor" / "pidfile").read_text())
+
+
+def test_fifty_containers_without_leaks(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    sid, cfg = pod
+    ids = [node.run(sid, cfg, f"c{i}", SLEEP) for i in range(50)]
+    assert all(node.status(c).state == pb.CONTAINER_RUNNING for c in ids)
+    mem = Path("/sys/fs/cgroup/memory/pycri")
+    assert all((mem / f"pycri-{c}").exists() for c in ids)
+    for c in ids:
+        node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=c, timeout=0))
+        node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=c))
+    assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+    assert not any((mem / f"pycri-{c}").exists() for c in ids)
+    assert not list((node.tmp / "root" / "snapshots").glob("*"))
+    assert not list((node.tmp / "state" / "bundles").glob("*"))[1:]  # only the infra's
+    mounts = Path("/proc/mounts").read_text()
+    assert not any(c in mounts for c in ids)
