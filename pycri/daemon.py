@@ -101,7 +101,7 @@ class Daemon:
         images.recover()
         cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
-        sandboxes = SandboxManager(cfg, store, launcher, cni)
+        sandboxes = SandboxManager(cfg, store, launcher, cni, images)
         containers = ContainerManager(cfg, store, launcher, sandboxes, images)
         sandboxes.containers = containers
         launcher.on_exit(sandboxes.on_exit)

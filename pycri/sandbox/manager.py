@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.errors import InvalidArgument, NotFound, PycriError
+from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.network import (
@@ -98,12 +99,18 @@ async def step(what: str) -> AsyncIterator[None]:
 
 class SandboxManager:
     def __init__(
-        self, cfg: Config, store: Store, launcher: Launcher, cni: CNIManager
+        self,
+        cfg: Config,
+        store: Store,
+        launcher: Launcher,
+        cni: CNIManager,
+        images: ImageManager,
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.launcher = launcher
         self.cni = cni
+        self.images = images
         self.containers: PodContainers | None = None
         self.sandboxes: dict[str, Sandbox] = {}
         self.names = NameRegistry("pod sandbox")
@@ -211,8 +218,16 @@ class SandboxManager:
                 undo.push_async_callback(self.cni.teardown, pod_net)
                 result = await self.cni.setup(pod_net)
                 sb.ips = list(result.ips)
+        image: spec.ImageConfig | None = None
+        rootfs = pod_dir / "rootfs"
+        if self.cfg.pause_image:
+            async with step(f"preparing the pause image {self.cfg.pause_image}"):
+                image, rootfs = await self._pause_rootfs(sb)
+                undo.push_async_callback(self.images.remove_rootfs, sb.id)
+        else:
+            rootfs.mkdir(exist_ok=True)
         async with step("starting the infra container"):
-            spec_doc = self._infra_spec(sb)
+            spec_doc = self._infra_spec(sb, rootfs, image)
             created = await self.launcher.create(
                 sb.id, spec_doc, sb.handler, state_dir / "infra.log"
             )
@@ -221,11 +236,19 @@ class SandboxManager:
             await self.launcher.start(sb.id, sb.handler)
             sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
 
-    def _infra_spec(self, sb: Sandbox) -> dict[str, Any]:
+    async def _pause_rootfs(self, sb: Sandbox) -> tuple[spec.ImageConfig, Path]:
+        """The configured pause image's rootfs (pulled on first use; pinned by config)."""
+        ref = self.cfg.pause_image
+        image = self.images.status(ref)
+        image_id = image.id if image else await self.images.pull(ref)
+        rootfs = await self.images.prepare_rootfs(sb.id, image_id)
+        return spec.ImageConfig.from_oci(self.images.image_config(image_id)), rootfs
+
+    def _infra_spec(
+        self, sb: Sandbox, rootfs: Path, image: spec.ImageConfig | None
+    ) -> dict[str, Any]:
         config = sb.config
         sc = config.linux.security_context
-        rootfs = self.pod_dir(sb.id) / "rootfs"
-        rootfs.mkdir(exist_ok=True)
         uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
         gid = sc.run_as_group.value if sc.HasField("run_as_group") else 0
         profile = seccomp.load_profile(
@@ -236,6 +259,7 @@ class SandboxManager:
             rootfs=str(rootfs),
             user=ResolvedUser(uid, gid, (gid,)),
             infra_binary=self.cfg.infra_binary,
+            image=image,
             net_ns=sb.netns or None,
             shm_path=self.shm_source(sb),
             seccomp=profile,
@@ -332,6 +356,7 @@ class SandboxManager:
                 await self.containers.remove_all(sb.id)
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
+                await self.images.remove_rootfs(sb.id)
             shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
             self._forget(sb)
@@ -391,6 +416,20 @@ class SandboxManager:
             self._recheck(sb) for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY
         ]
         await asyncio.gather(*checks)
+        await self._release_orphan_leases()
+
+    async def _release_orphan_leases(self) -> None:
+        """CNI state with no sandbox behind it (a crash mid-run, a DEL that failed while
+        the pod was being forgotten): tear it down once more, so no IP stays leased."""
+        for sid in self.cni.cache.sandboxes():
+            if sid in self.sandboxes:
+                continue
+            try:
+                await self.cni.teardown(PodNetwork(sandbox_id=sid, netns="", name="",
+                                                   namespace="", uid=""))
+                log.info("released the CNI state of vanished pod %s", sid)
+            except PycriError as e:
+                log.warning("CNI state of vanished pod %s: %s", sid, e)
 
     async def _recheck(self, sb: Sandbox) -> None:
         state = None

@@ -16,6 +16,8 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node, conflist
+from tests.lib import images
+from tests.lib.registry import Registry
 from tests.network.helpers import purge_nat_rules
 
 pytestmark = pytest.mark.e2e
@@ -183,6 +185,13 @@ def test_failing_cni_plugin_leaves_nothing(node: Node) -> None:
     assert host_local_leases(node) == []
     assert not list((node.tmp / "state" / "bundles").glob("*"))
     assert subprocess.run(["pgrep", "-f", f"conmon.*{node.tmp}"], capture_output=True).stdout == b""
+    # The plugin failed its DEL too, so its cached state waits for a retry; once the
+    # plugin works again, the next start releases it.
+    cache = node.tmp / "root" / "cni-cache"
+    assert [p.name for p in cache.iterdir()]
+    plugin.write_text('#!/bin/sh\n[ "$CNI_COMMAND" = DEL ] && exit 0\nexit 1\n')
+    node.restart()
+    assert not [p for p in cache.iterdir() if any(p.iterdir())]
 
 
 def test_network_not_ready_without_config(node: Node) -> None:
@@ -215,15 +224,18 @@ def test_restart_keeps_pods(node: Node, sig: int) -> None:
 
 
 def test_reboot_pods_come_back_notready_and_clean_up(node: Node) -> None:
-    sid, _ = node.run_pod("rebooted")
+    sid, pod = node.run_pod("rebooted")
+    cid = node.run(sid, pod, "c", ["sleep", "1000"])
+    cpid = int((node.tmp / "state" / "bundles" / cid / "monitor" / "pidfile").read_text())
+    cmon = int((node.tmp / "state" / "bundles" / cid / "monitor" / "conmon.pid").read_text())
     info = json.loads(node.cri.runtime.PodSandboxStatus(
         pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True)).info["info"])
     node.cri.channel.close()
     node.proc.kill()
     # Simulate a reboot: processes, netns, NAT rules and the state dir are gone; the CNI
     # cache (on the root dir) is not.
-    os.kill(info["pid"], signal.SIGKILL)
-    os.kill(info["conmonPid"], signal.SIGKILL)
+    for pid in (cpid, cmon, info["pid"], info["conmonPid"]):
+        os.kill(pid, signal.SIGKILL)
     subprocess.run(["umount", "-l", info["netnsPath"]], check=True)
     os.unlink(info["netnsPath"])
     mounts = Path("/proc/mounts").read_text().splitlines()
@@ -234,6 +246,8 @@ def test_reboot_pods_come_back_notready_and_clean_up(node: Node) -> None:
     node.proc.start()
     node.cri = node.proc.client()
     assert node.pod_status(sid).state == pb.SANDBOX_NOTREADY
+    st = node.cri.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
+    assert (st.state, st.reason) == (pb.CONTAINER_EXITED, "Unknown")
     assert host_local_leases(node) != []  # still held until StopPodSandbox
     node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
     assert host_local_leases(node) == []
@@ -260,3 +274,23 @@ def test_twenty_pods_concurrently_without_leaks(node: Node) -> None:
     assert not [n for n in os.listdir("/run/netns") if n.removeprefix("pycri-") in ids]
     assert host_local_leases(node) == []
     assert not list((node.tmp / "state" / "bundles").glob("*"))
+
+
+def test_configured_pause_image_is_pulled_pinned_and_run(
+    node: Node, registry: Registry, tmp_path: Path
+) -> None:
+    pause = images.push_busybox(registry.addr, tmp_path / "layout", name="pause", tag="e2e",
+                                entrypoint=["/bin/sleep"], cmd=["1000000"])
+    cfg = node.proc.config
+    cfg.write_text(f'pause_image = "{pause}"\n' + cfg.read_text())
+    node.restart()
+    sid, _ = node.run_pod("paused")
+    info = json.loads(node.cri.runtime.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True)).info["info"])
+    assert Path(f"/proc/{info['pid']}/cmdline").read_bytes().split(b"\0")[:2] == [
+        b"/bin/sleep", b"1000000"]
+    img = node.cri.image.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=pause)))
+    assert img.image.pinned
+    node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+    assert not list((node.tmp / "root" / "snapshots").glob("*"))
