@@ -30,3 +30,7 @@ class Unavailable(PycriError):
 
 class DeadlineExceeded(PycriError):
     """An operation ran past its own timeout."""
+
+
+class Unimplemented(PycriError):
+    """A feature pycri does not have (clients such as critest skip on this code)."""

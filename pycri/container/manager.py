@@ -16,6 +16,7 @@ import logging
 import signal
 import time
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,13 @@ from google.protobuf import json_format
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.container.model import KIND, Container
-from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError
+from pycri.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    PycriError,
+    Unimplemented,
+)
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.execsync import ExecResult, exec_sync
@@ -33,9 +40,23 @@ from pycri.oci import mounts, seccomp, spec
 from pycri.oci.users import UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
+from pycri.stats.cgroups import Usage, read_usage
 from pycri.store import Store
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ContainerUsage:
+    """One stats sample of a container (ContainerStats / ListContainerStats)."""
+
+    container: Container
+    timestamp: int
+    usage: Usage
+    nano_cores: int  # CPU rate since the previous sample; 0 for the first one
+    writable_bytes: int
+    writable_inodes: int
+    mountpoint: str
 
 KILL_WAIT = 30.0
 RUNNING_STATES = (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING)
@@ -74,6 +95,7 @@ class ContainerManager:
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
+        self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -113,6 +135,9 @@ class ContainerManager:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
         if not config.metadata.name:
             raise InvalidArgument("container metadata needs a name")
+        if any(m.image.image for m in config.mounts):
+            raise Unimplemented("image volumes (Mount.image) are not supported by pycri")
+        config = _with_pod_namespaces(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
             raise NotFound(f"image {config.image.image!r} not found; pull it first")
@@ -161,6 +186,7 @@ class ContainerManager:
             c.stop_signal = image.stop_signal
             parse_signal(c.stop_signal)
             doc = self._spec(c, sb, image, rootfs)
+            c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
         async with step("creating the container"):
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -298,6 +324,7 @@ class ContainerManager:
             await self._stop_locked(c, 0)
         await self.launcher.delete(c.id, c.handler)
         await self.images.remove_rootfs(c.id)
+        self._cpu_samples.pop(c.id, None)
         self._forget(c)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
         if sb is not None:
@@ -383,6 +410,37 @@ class ContainerManager:
             c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout)
         )
 
+    # -- stats -----------------------------------------------------------------------
+
+    def stats(self, cid: str) -> ContainerUsage:
+        return self._sample(self.get(cid))
+
+    def list_stats(self, flt: pb.ContainerStatsFilter | None) -> builtins.list[ContainerUsage]:
+        out = [c for c in self.containers.values() if c.state != pb.CONTAINER_UNKNOWN]
+        if flt is not None:
+            if flt.id:
+                out = [c for c in out if c.id.startswith(flt.id)]
+            if flt.pod_sandbox_id:
+                out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
+            if flt.label_selector:
+                sel = dict(flt.label_selector)
+                out = [c for c in out if matches_labels(dict(c.config.labels), sel)]
+        return [self._sample(c) for c in out]
+
+    def _sample(self, c: Container) -> ContainerUsage:
+        now = time.time_ns()
+        usage = read_usage(c.cgroups_path) if c.state in RUNNING_STATES else Usage()
+        prev = self._cpu_samples.get(c.id)
+        self._cpu_samples[c.id] = (now, usage.cpu_ns)
+        nano_cores = 0
+        if prev is not None and now > prev[0] and usage.cpu_ns >= prev[1]:
+            nano_cores = (usage.cpu_ns - prev[1]) * 10**9 // (now - prev[0])
+        try:
+            used, inodes = self.images.rootfs_usage(c.id)
+        except NotFound:  # the writable layer went with a reboot
+            used = inodes = 0
+        return ContainerUsage(c, now, usage, nano_cores, used, inodes, str(self.images.root))
+
     # -- recovery --------------------------------------------------------------------
 
     async def recover(self) -> None:
@@ -411,6 +469,19 @@ class ContainerManager:
             c.message = "container state was lost (host reboot?)"
             c.finished_at = time.time_ns()
             self._save(c)
+
+
+def _with_pod_namespaces(
+    config: pb.ContainerConfig, pod: pb.PodSandboxConfig
+) -> pb.ContainerConfig:
+    """A container always lives in its pod's network and IPC namespaces, whatever its own
+    options say (critest sends none for a container of a host-network pod)."""
+    out = pb.ContainerConfig()
+    out.CopyFrom(config)
+    ns = out.linux.security_context.namespace_options
+    pod_ns = pod.linux.security_context.namespace_options
+    ns.network, ns.ipc = pod_ns.network, pod_ns.ipc
+    return out
 
 
 def _to_json(msg: Any) -> str:

@@ -34,6 +34,7 @@ class Container:
     gid: int = 0
     groups: list[int] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)  # CRI LinuxContainerResources
+    cgroups_path: str = ""  # the OCI linux.cgroupsPath the runtime was given
 
     def name_key(self, sandbox_config: pb.PodSandboxConfig) -> str:
         """One live container per (name, attempt) in a pod."""

@@ -115,6 +115,9 @@ def resolve_user(req: UserRequest, passwd: str, group: str) -> ResolvedUser:
     A numeric uid need not exist in /etc/passwd (gid then defaults to 0); a name must.
     run_as_group overrides whatever gid the user form gave.
     """
+    if req.run_as_group is not None and req.run_as_user is None and not req.run_as_username:
+        # The kubelet never sends this; a group without a user is ambiguous, so refuse it.
+        raise InvalidArgument("run_as_group is set without run_as_user or run_as_username")
     users = parse_passwd(passwd)
     groups = parse_group(group)
     if req.run_as_user is not None:

@@ -25,6 +25,7 @@ CODES: dict[type[errors.PycriError], grpc.StatusCode] = {
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,
+    errors.Unimplemented: grpc.StatusCode.UNIMPLEMENTED,
 }
 
 R = TypeVar("R")

@@ -9,7 +9,7 @@ from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.container.manager import ContainerManager
 from pycri.sandbox.manager import SandboxManager
-from pycri.server.container_rpcs import ContainerRPCs
+from pycri.server.container_rpcs import ContainerRPCs, ContainerStatsRPCs
 from pycri.server.errors import rpc
 from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.unimplemented import complete
@@ -19,7 +19,9 @@ Ctx = grpc.aio.ServicerContext
 
 
 @complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
-class RuntimeServicer(SandboxRPCs, ContainerRPCs, pb_grpc.RuntimeServiceServicer):
+class RuntimeServicer(
+    SandboxRPCs, ContainerRPCs, ContainerStatsRPCs, pb_grpc.RuntimeServiceServicer
+):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""
 
     def __init__(
@@ -51,7 +53,7 @@ class RuntimeServicer(SandboxRPCs, ContainerRPCs, pb_grpc.RuntimeServiceServicer
                 pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures())
                 for name in self.node.handlers()
             ],
-            features=pb.RuntimeFeatures(),
+            features=pb.RuntimeFeatures(supplemental_groups_policy=True),
         )
 
     @rpc

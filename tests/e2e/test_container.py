@@ -140,6 +140,15 @@ def test_bad_requests(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
                                    config=node.container_config("x", SLEEP, linux=security(
                                        run_as_username="nosuchuser"))),
          grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                   config=node.container_config("x", SLEEP, linux=security(
+                                       run_as_group=pb.Int64Value(value=5)))),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (pb.CreateContainerRequest(pod_sandbox_id=sid, sandbox_config=cfg,
+                                   config=node.container_config("x", SLEEP, mounts=[pb.Mount(
+                                       container_path="/img",
+                                       image=pb.ImageSpec(image=node.image))])),
+         grpc.StatusCode.UNIMPLEMENTED),
     ]
     for req, code in cases:
         with pytest.raises(grpc.RpcError) as e:
@@ -304,3 +313,28 @@ def test_fifty_containers_without_leaks(
     assert not list((node.tmp / "state" / "bundles").glob("*"))[1:]  # only the infra's
     mounts = Path("/proc/mounts").read_text()
     assert not any(c in mounts for c in ids)
+
+
+def test_stats(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    busy = node.run(sid, cfg, "busy", ["sh", "-c", "while true; do :; done"], labels={"s": "1"})
+    idle = node.create(sid, cfg, "idle", SLEEP)
+    time.sleep(0.5)
+    rt = node.cri.runtime
+    first = rt.ContainerStats(pb.ContainerStatsRequest(container_id=busy)).stats
+    time.sleep(0.5)
+    second = rt.ContainerStats(pb.ContainerStatsRequest(container_id=busy)).stats
+    assert second.attributes.id == busy
+    assert second.cpu.timestamp > first.cpu.timestamp > 0
+    assert second.cpu.usage_core_nano_seconds.value > first.cpu.usage_core_nano_seconds.value
+    assert second.cpu.usage_nano_cores.value > 10**8  # a spinning shell uses > 0.1 core
+    assert second.memory.working_set_bytes.value > 0
+    assert second.writable_layer.fs_id.mountpoint
+    everything = rt.ListContainerStats(pb.ListContainerStatsRequest()).stats
+    assert {s.attributes.id for s in everything} == {busy, idle}
+    labelled = rt.ListContainerStats(pb.ListContainerStatsRequest(
+        filter=pb.ContainerStatsFilter(label_selector={"s": "1"}))).stats
+    assert [s.attributes.id for s in labelled] == [busy]
+    with pytest.raises(grpc.RpcError) as e:
+        rt.ContainerStats(pb.ContainerStatsRequest(container_id="0" * 64))
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND

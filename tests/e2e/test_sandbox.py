@@ -294,3 +294,13 @@ def test_configured_pause_image_is_pulled_pinned_and_run(
     node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
     node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
     assert not list((node.tmp / "root" / "snapshots").glob("*"))
+
+
+def test_container_of_host_network_pod_needs_no_options(node: Node) -> None:
+    host = pb.NamespaceOption(network=pb.NODE)
+    sid, pod = node.run_pod("hostnet2", linux=pb.LinuxPodSandboxConfig(
+        security_context=pb.LinuxSandboxSecurityContext(namespace_options=host)))
+    cid = node.run(sid, pod, "c", ["sleep", "1000"])  # no namespace options at all
+    netns = Path(f"/proc/{os.getpid()}/ns/net").readlink()
+    pid = int((node.tmp / "state" / "bundles" / cid / "monitor" / "pidfile").read_text())
+    assert Path(f"/proc/{pid}/ns/net").readlink() == netns

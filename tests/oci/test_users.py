@@ -129,7 +129,13 @@ def test_run_as_group_overrides() -> None:
     u = resolve(run_as_user=1000, run_as_group=5)
     assert (u.uid, u.gid) == (1000, 5)
     assert u.additional_gids == (5, 10, 29)
-    assert resolve(image_user="alice:wheel", run_as_group=7).gid == 7
+    assert resolve(run_as_username="alice", run_as_group=7).gid == 7
+
+
+def test_run_as_group_without_user_is_refused() -> None:
+    # critest: "should return error if RunAsGroup is set without RunAsUser".
+    with pytest.raises(InvalidArgument, match="run_as_group is set without"):
+        resolve(image_user="alice:wheel", run_as_group=7)
 
 
 def test_run_as_user_unknown_uid_gets_gid_zero() -> None:
@@ -138,7 +144,8 @@ def test_run_as_user_unknown_uid_gets_gid_zero() -> None:
 
 
 def test_negative_ids_rejected() -> None:
-    for kw in ({"run_as_user": -1}, {"run_as_group": -3}, {"supplemental_groups": [-2]}):
+    for kw in ({"run_as_user": -1}, {"run_as_user": 1, "run_as_group": -3},
+               {"supplemental_groups": [-2]}):
         with pytest.raises(InvalidArgument, match="negative"):
             resolve(**kw)
 

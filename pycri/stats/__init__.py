@@ -1,0 +1,1 @@
+"""Resource usage of containers, read from their cgroups."""
