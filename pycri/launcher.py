@@ -158,6 +158,14 @@ class Launcher:
     def oom_killed(self, oid: str) -> bool:
         return conmon.oom_killed(self.persist_dir(oid))
 
+    def spec(self, oid: str) -> dict[str, Any] | None:
+        """The OCI spec the process was created with (for verbose status), if still there."""
+        try:
+            doc: dict[str, Any] = json.loads((self.bundle_dir(oid) / "config.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return doc
+
     async def state(self, oid: str, handler: str) -> dict[str, Any] | None:
         return await self.runtime(handler).state(oid)
 

@@ -370,18 +370,13 @@ class ContainerManager:
         return out
 
     def verbose_info(self, c: Container) -> dict[str, str]:
-        spec_path = self.launcher.bundle_dir(c.id) / "config.json"
-        try:
-            runtime_spec = json.loads(spec_path.read_text())
-        except (OSError, ValueError):
-            runtime_spec = None
         info = {
             "sandboxID": c.sandbox_id,
             "pid": c.pid,
             "conmonPid": c.conmon_pid,
             "runtimeHandler": c.handler,
             "imageId": c.image_id,
-            "runtimeSpec": runtime_spec,
+            "runtimeSpec": self.launcher.spec(c.id),
         }
         return {"info": json.dumps(info)}
 

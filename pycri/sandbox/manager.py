@@ -380,11 +380,6 @@ class SandboxManager:
         return out
 
     def verbose_info(self, sb: Sandbox) -> dict[str, str]:
-        spec_path = self.launcher.bundle_dir(sb.id) / "config.json"
-        try:
-            runtime_spec = json.loads(spec_path.read_text())
-        except (OSError, ValueError):
-            runtime_spec = None
         info = {
             "pid": sb.infra_pid,
             "conmonPid": sb.conmon_pid,
@@ -392,7 +387,7 @@ class SandboxManager:
             "runtimeHandler": sb.handler,
             "ips": sb.ips,
             "cgroupParent": sb.cgroup_parent,
-            "runtimeSpec": runtime_spec,
+            "runtimeSpec": self.launcher.spec(sb.id),
         }
         return {"info": json.dumps(info)}
 

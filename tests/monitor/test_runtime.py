@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,23 +11,11 @@ import pytest
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound
 from pycri.monitor import conmon
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, one_line, runtime_failure
-from tests.monitor.ocibundle import Env, crun_unusable_reason, make_rootfs
+from tests.monitor.ocibundle import Env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
 
 
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_rootfs(tmp_path_factory.mktemp("rootfs") / "rootfs")
-
-
-@pytest.fixture(params=["runc", "crun"])
-def env(request: pytest.FixtureRequest, tmp_path: Path, rootfs: Path) -> Iterator[Env]:
-    if request.param == "crun" and (reason := crun_unusable_reason()):
-        pytest.skip(reason)
-    e = Env(tmp_path / "w", request.param, rootfs)
-    yield e
-    e.cleanup()
 
 
 async def test_unknown_container(env: Env) -> None:
