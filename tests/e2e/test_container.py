@@ -6,7 +6,9 @@ import json
 import os
 import re
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -338,3 +340,44 @@ def test_stats(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
     with pytest.raises(grpc.RpcError) as e:
         rt.ContainerStats(pb.ContainerStatsRequest(container_id="0" * 64))
     assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.fixture
+def shared_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory that is its own rshared mount point (as a kubelet volume dir is)."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    subprocess.run(["mount", "--bind", str(d), str(d)], check=True)
+    subprocess.run(["mount", "--make-rshared", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-R", "-l", str(d)], check=False)
+
+
+@pytest.mark.parametrize(
+    ("propagation", "host_to_container", "container_to_host"),
+    [
+        (pb.PROPAGATION_PRIVATE, False, False),
+        (pb.PROPAGATION_HOST_TO_CONTAINER, True, False),
+        (pb.PROPAGATION_BIDIRECTIONAL, True, True),
+    ],
+)
+def test_mount_propagation(
+    node: Node, shared_dir: Path, propagation: int, host_to_container: bool,
+    container_to_host: bool,
+) -> None:
+    privileged = pb.LinuxSandboxSecurityContext(privileged=True)
+    sid, pod = node.run_pod("prop", linux=pb.LinuxPodSandboxConfig(security_context=privileged))
+    (shared_dir / "from-host").mkdir()
+    (shared_dir / "from-ctr").mkdir()
+    cid = node.run(sid, pod, "c", SLEEP, mounts=[pb.Mount(
+        container_path="/vol", host_path=str(shared_dir), propagation=propagation)],
+        linux=security(privileged=True))
+    subprocess.run(["mount", "-t", "tmpfs", "hostfs", str(shared_dir / "from-host")], check=True)
+    (shared_dir / "from-host" / "mark").write_text("x")
+    seen = node.exec(cid, "ls", "/vol/from-host").stdout
+    assert (b"mark" in seen) == host_to_container
+    r = node.exec(cid, "sh", "-c", "mount -t tmpfs ctrfs /vol/from-ctr && touch /vol/from-ctr/m")
+    assert r.exit_code == 0, r.stderr
+    assert (shared_dir / "from-ctr" / "m").exists() == container_to_host
