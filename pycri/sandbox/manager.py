@@ -328,11 +328,12 @@ class SandboxManager:
     async def _stop_locked(self, sb: Sandbox) -> None:
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
-        if sb.state == pb.SANDBOX_READY or sb.infra_pid:
-            async with step("stopping the infra container"):
-                await self._kill_infra(sb)
+        # NOTREADY first: the infra's exit that follows is asked for, not a crash.
         sb.state = pb.SANDBOX_NOTREADY
         self._save(sb)
+        if sb.infra_pid:
+            async with step("stopping the infra container"):
+                await self._kill_infra(sb)
         if not sb.host_network and not sb.network_torn_down:
             async with step("tearing down the pod network (CNI)"):
                 await self.cni.teardown(self.pod_network(sb))

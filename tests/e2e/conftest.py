@@ -150,7 +150,8 @@ def leftovers(tmp: Path, ids: set[str]) -> dict[str, list[str]]:
         mounts = [line.split()[1] for line in f if str(tmp) in line.split()[1]]
     procs = subprocess.run(["pgrep", "-f", f"conmon.*{tmp}"], capture_output=True,
                            text=True).stdout.split()
-    return {"netns": netns, "mounts": mounts, "conmon": procs}
+    cgroups = [str(d) for i in ids for d in Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{i}")]
+    return {"netns": netns, "mounts": mounts, "conmon": procs, "cgroups": cgroups}
 
 
 def _scrub(tmp: Path) -> None:
@@ -201,11 +202,13 @@ def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
         node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=busybox)))
         yield node
         ids = {p.name for p in (tmp_path / "root" / "sandboxes").glob("*")}
+        ids |= {c.id for c in node.cri.runtime.ListContainers(
+            pb.ListContainersRequest()).containers}
         node.remove_all()
         left = leftovers(tmp_path, ids)
         nat = [r for r in subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
                                          text=True).stdout.splitlines() if f"e2e-{bridge}" in r]
-        assert left == {"netns": [], "mounts": [], "conmon": []}, left
+        assert left == {"netns": [], "mounts": [], "conmon": [], "cgroups": []}, left
         assert nat == [], nat
     finally:
         with contextlib.suppress(grpc.RpcError, ValueError):

@@ -236,6 +236,12 @@ def test_reboot_pods_come_back_notready_and_clean_up(node: Node) -> None:
     # cache (on the root dir) is not.
     for pid in (cpid, cmon, info["pid"], info["conmonPid"]):
         os.kill(pid, signal.SIGKILL)
+    for pid in (cpid, info["pid"]):
+        while Path(f"/proc/{pid}").exists():
+            time.sleep(0.02)
+    for oid in (sid, cid):  # a reboot takes the cgroups with it
+        for d in Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{oid}"):
+            d.rmdir()
     subprocess.run(["umount", "-l", info["netnsPath"]], check=True)
     os.unlink(info["netnsPath"])
     mounts = Path("/proc/mounts").read_text().splitlines()
