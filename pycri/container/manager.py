@@ -115,6 +115,7 @@ class ContainerManager:
         return self._locks.setdefault(cid, asyncio.Lock())
 
     def _save(self, c: Container) -> None:
+        c.revision += 1
         self.store.put(KIND, c.id, c.to_record())
         self.containers[c.id] = c
 

@@ -35,6 +35,8 @@ class Container:
     groups: list[int] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)  # CRI LinuxContainerResources
     cgroups_path: str = ""  # the OCI linux.cgroupsPath the runtime was given
+    # Bumped on every save, so readers can cache what they derive from a record.
+    revision: int = field(default=0, compare=False)
 
     def name_key(self, sandbox_config: pb.PodSandboxConfig) -> str:
         """One live container per (name, attempt) in a pod."""
@@ -43,7 +45,7 @@ class Container:
 
     def to_record(self) -> dict[str, Any]:
         rec = asdict(self)
-        del rec["id"]
+        del rec["id"], rec["revision"]
         rec["config"] = base64.b64encode(self.config.SerializeToString()).decode()
         return rec
 

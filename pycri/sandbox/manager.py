@@ -155,6 +155,7 @@ class SandboxManager:
         return str(shm) if shm else "/dev/shm"
 
     def _save(self, sb: Sandbox) -> None:
+        sb.revision += 1
         self.store.put(KIND, sb.id, sb.to_record())
         self.sandboxes[sb.id] = sb
 

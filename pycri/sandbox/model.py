@@ -30,6 +30,8 @@ class Sandbox:
     conmon_pid: int = 0
     cgroup_parent: str = ""
     network_torn_down: bool = False
+    # Bumped on every save, so readers can cache what they derive from a record.
+    revision: int = field(default=0, compare=False)
 
     @property
     def host_network(self) -> bool:

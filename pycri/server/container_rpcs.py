@@ -9,6 +9,7 @@ from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager, ContainerUsage
 from pycri.container.model import Container
 from pycri.server.errors import rpc
+from pycri.server.itemcache import ItemCache
 
 Ctx = grpc.aio.ServicerContext
 
@@ -65,6 +66,7 @@ def container_item(c: Container) -> pb.Container:
 
 class ContainerRPCs:
     containers: ContainerManager
+    _container_items: ItemCache[Container, pb.Container] = ItemCache(container_item)
 
     @rpc
     async def CreateContainer(
@@ -109,8 +111,9 @@ class ContainerRPCs:
         self, request: pb.ListContainersRequest, context: Ctx
     ) -> pb.ListContainersResponse:
         flt = request.filter if request.HasField("filter") else None
+        found = self.containers.list(flt)
         return pb.ListContainersResponse(
-            containers=[container_item(c) for c in self.containers.list(flt)]
+            containers=self._container_items.all(found, complete=flt is None)
         )
 
     @rpc

@@ -8,6 +8,7 @@ from pycri.api import api_pb2 as pb
 from pycri.sandbox.manager import SandboxManager
 from pycri.sandbox.model import Sandbox
 from pycri.server.errors import rpc
+from pycri.server.itemcache import ItemCache
 
 Ctx = grpc.aio.ServicerContext
 
@@ -48,6 +49,7 @@ def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
 
 class SandboxRPCs:
     sandboxes: SandboxManager
+    _sandbox_items: ItemCache[Sandbox, pb.PodSandbox] = ItemCache(sandbox_item)
 
     @rpc
     async def RunPodSandbox(
@@ -83,6 +85,7 @@ class SandboxRPCs:
         self, request: pb.ListPodSandboxRequest, context: Ctx
     ) -> pb.ListPodSandboxResponse:
         flt = request.filter if request.HasField("filter") else None
+        found = self.sandboxes.list(flt)
         return pb.ListPodSandboxResponse(
-            items=[sandbox_item(sb) for sb in self.sandboxes.list(flt)]
+            items=self._sandbox_items.all(found, complete=flt is None)
         )

@@ -1,0 +1,45 @@
+"""Reuse the CRI message built for a record until the record changes.
+
+The kubelet lists pods and containers every second; rebuilding each message
+costs ~10 µs of Python per object, reusing it costs a C-level copy. A record's
+`revision` is bumped on every save, so a cached message is never stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+
+class Revisioned(Protocol):
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def revision(self) -> int: ...
+
+
+R = TypeVar("R", bound=Revisioned)
+M = TypeVar("M")
+
+
+class ItemCache(Generic[R, M]):
+    def __init__(self, build: Callable[[R], M]) -> None:
+        self._build = build
+        self._items: dict[str, tuple[int, M]] = {}
+
+    def get(self, record: R) -> M:
+        hit = self._items.get(record.id)
+        if hit is not None and hit[0] == record.revision:
+            return hit[1]
+        msg = self._build(record)
+        self._items[record.id] = (record.revision, msg)
+        return msg
+
+    def all(self, records: list[R], complete: bool) -> list[M]:
+        """Messages for `records`; when they are every live record, forget the rest."""
+        items = [self.get(r) for r in records]
+        if complete and len(self._items) > len(items):
+            live = {r.id for r in records}
+            self._items = {k: v for k, v in self._items.items() if k in live}
+        return items
