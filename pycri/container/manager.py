@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
+import functools
 import json
 import logging
 import signal
@@ -40,7 +41,9 @@ from pycri.oci import mounts, seccomp, spec
 from pycri.oci.users import UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
+from pycri.stats import netdev
 from pycri.stats.cgroups import Usage, read_usage
+from pycri.stats.cgroups import add as add_usage
 from pycri.store import Store
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,18 @@ class ContainerUsage:
     writable_bytes: int
     writable_inodes: int
     mountpoint: str
+
+
+@dataclass(frozen=True)
+class PodUsage:
+    """One stats sample of a pod: its containers' usage summed, and its network."""
+
+    sandbox: Sandbox
+    timestamp: int
+    usage: Usage
+    nano_cores: int
+    interfaces: list[netdev.Interface]
+    containers: list[ContainerUsage]
 
 KILL_WAIT = 30.0
 RUNNING_STATES = (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING)
@@ -436,6 +451,33 @@ class ContainerManager:
         except NotFound:  # the writable layer went with a reboot
             used = inodes = 0
         return ContainerUsage(c, now, usage, nano_cores, used, inodes, str(self.images.root))
+
+    def pod_stats(self, sandbox_id: str) -> PodUsage:
+        return self._pod_sample(self.sandboxes.get(sandbox_id))
+
+    def list_pod_stats(self, flt: pb.PodSandboxStatsFilter | None) -> builtins.list[PodUsage]:
+        pods = list(self.sandboxes.sandboxes.values())
+        if flt is not None:
+            if flt.id:
+                pods = [sb for sb in pods if sb.id.startswith(flt.id)]
+            if flt.label_selector:
+                sel = dict(flt.label_selector)
+                pods = [sb for sb in pods if matches_labels(dict(sb.config.labels), sel)]
+        return [self._pod_sample(sb) for sb in pods]
+
+    def _pod_sample(self, sb: Sandbox) -> PodUsage:
+        samples = [self._sample(c) for c in self.of_sandbox(sb.id)
+                   if c.state != pb.CONTAINER_UNKNOWN]
+        total = functools.reduce(add_usage, (u.usage for u in samples), Usage())
+        live = sb.state == pb.SANDBOX_READY and not sb.host_network
+        return PodUsage(
+            sandbox=sb,
+            timestamp=time.time_ns(),
+            usage=total,
+            nano_cores=sum(u.nano_cores for u in samples),
+            interfaces=netdev.interfaces(sb.infra_pid) if live else [],
+            containers=samples,
+        )
 
     # -- recovery --------------------------------------------------------------------
 

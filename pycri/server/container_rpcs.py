@@ -6,7 +6,7 @@ import grpc
 from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import ContainerManager, ContainerUsage
+from pycri.container.manager import ContainerManager
 from pycri.container.model import Container
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
@@ -139,52 +139,3 @@ class ContainerRPCs:
             stdout=result.stdout, stderr=result.stderr, exit_code=result.exit_code
         )
 
-
-def container_stats(u: ContainerUsage) -> pb.ContainerStats:
-    c, ts = u.container, u.timestamp
-    return pb.ContainerStats(
-        attributes=pb.ContainerAttributes(
-            id=c.id, metadata=c.config.metadata, labels=c.config.labels,
-            annotations=c.config.annotations,
-        ),
-        cpu=pb.CpuUsage(
-            timestamp=ts,
-            usage_core_nano_seconds=pb.UInt64Value(value=u.usage.cpu_ns),
-            usage_nano_cores=pb.UInt64Value(value=u.nano_cores),
-        ),
-        memory=pb.MemoryUsage(
-            timestamp=ts,
-            working_set_bytes=pb.UInt64Value(value=u.usage.working_set_bytes),
-            usage_bytes=pb.UInt64Value(value=u.usage.memory_bytes),
-            rss_bytes=pb.UInt64Value(value=u.usage.rss_bytes),
-            page_faults=pb.UInt64Value(value=u.usage.page_faults),
-            major_page_faults=pb.UInt64Value(value=u.usage.major_page_faults),
-        ),
-        writable_layer=pb.FilesystemUsage(
-            timestamp=ts,
-            fs_id=pb.FilesystemIdentifier(mountpoint=u.mountpoint),
-            used_bytes=pb.UInt64Value(value=u.writable_bytes),
-            inodes_used=pb.UInt64Value(value=u.writable_inodes),
-        ),
-    )
-
-
-class ContainerStatsRPCs:
-    containers: ContainerManager
-
-    @rpc
-    async def ContainerStats(
-        self, request: pb.ContainerStatsRequest, context: Ctx
-    ) -> pb.ContainerStatsResponse:
-        return pb.ContainerStatsResponse(
-            stats=container_stats(self.containers.stats(request.container_id))
-        )
-
-    @rpc
-    async def ListContainerStats(
-        self, request: pb.ListContainerStatsRequest, context: Ctx
-    ) -> pb.ListContainerStatsResponse:
-        flt = request.filter if request.HasField("filter") else None
-        return pb.ListContainerStatsResponse(
-            stats=[container_stats(u) for u in self.containers.list_stats(flt)]
-        )

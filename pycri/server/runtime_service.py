@@ -9,9 +9,10 @@ from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.container.manager import ContainerManager
 from pycri.sandbox.manager import SandboxManager
-from pycri.server.container_rpcs import ContainerRPCs, ContainerStatsRPCs
+from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
 from pycri.server.sandbox_rpcs import SandboxRPCs
+from pycri.server.stats_rpcs import StatsRPCs
 from pycri.server.unimplemented import complete
 from pycri.status import KUBE_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, NodeStatus
 
@@ -20,7 +21,7 @@ Ctx = grpc.aio.ServicerContext
 
 @complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
 class RuntimeServicer(
-    SandboxRPCs, ContainerRPCs, ContainerStatsRPCs, pb_grpc.RuntimeServiceServicer
+    SandboxRPCs, ContainerRPCs, StatsRPCs, pb_grpc.RuntimeServiceServicer
 ):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""
 

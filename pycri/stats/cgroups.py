@@ -7,7 +7,7 @@ cgroupfs paths are used as they are; systemd's `slice:prefix:name` becomes
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -21,6 +21,7 @@ class Usage:
     rss_bytes: int = 0
     page_faults: int = 0
     major_page_faults: int = 0
+    processes: int = 0
 
 
 def _systemd_dir(path: str) -> str:
@@ -78,6 +79,7 @@ def _v2(d: Path) -> Usage:
         rss_bytes=mem.get("anon", 0),
         page_faults=mem.get("pgfault", 0),
         major_page_faults=mem.get("pgmajfault", 0),
+        processes=_read_int(d / "pids.current"),
     )
 
 
@@ -92,4 +94,10 @@ def _v1(root: Path, rel: str) -> Usage:
         rss_bytes=mem.get("total_rss", 0),
         page_faults=mem.get("total_pgfault", 0),
         major_page_faults=mem.get("total_pgmajfault", 0),
+        processes=_read_int(root / "pids" / rel / "pids.current"),
     )
+
+
+def add(a: Usage, b: Usage) -> Usage:
+    """Field-wise sum: a pod's usage is its containers' together."""
+    return Usage(*(x + y for x, y in zip(astuple(a), astuple(b), strict=True)))

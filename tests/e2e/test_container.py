@@ -381,3 +381,23 @@ def test_mount_propagation(
     r = node.exec(cid, "sh", "-c", "mount -t tmpfs ctrfs /vol/from-ctr && touch /vol/from-ctr/m")
     assert r.exit_code == 0, r.stderr
     assert (shared_dir / "from-ctr" / "m").exists() == container_to_host
+
+
+def test_pod_stats(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    a = node.run(sid, cfg, "a", SLEEP)
+    node.run(sid, cfg, "b", ["sh", "-c", "sleep 1000 & sleep 1000"])
+    gateway = node.subnet.rsplit(".", 1)[0] + ".1"
+    assert node.exec(a, "ping", "-c", "1", "-W", "2", gateway).exit_code == 0
+    rt = node.cri.runtime
+    st = rt.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sid)).stats
+    assert st.attributes.id == sid
+    linux = st.linux
+    assert len(linux.containers) == 2
+    assert linux.cpu.usage_core_nano_seconds.value > 0
+    assert linux.memory.working_set_bytes.value > 0
+    assert linux.process.process_count.value == 3  # a: sleep; b: sh exec'd into 2 sleeps
+    assert linux.network.default_interface.name == "eth0"
+    assert linux.network.default_interface.tx_bytes.value > 0
+    assert [s.attributes.id for s in rt.ListPodSandboxStats(
+        pb.ListPodSandboxStatsRequest()).stats] == [sid]
