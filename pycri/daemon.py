@@ -33,6 +33,7 @@ from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
 from pycri.status import NodeStatus
 from pycri.store import Store
+from pycri.streaming import RuntimeBackend, StreamingServer
 
 log = logging.getLogger("pycri")
 
@@ -86,6 +87,7 @@ class Daemon:
         self.images: ImageManager | None = None
         self.reaper: Reaper | None = None
         self.launcher: Launcher | None = None
+        self.streaming: StreamingServer | None = None
         self._lock_fd: int | None = None
 
     async def start(self) -> None:
@@ -110,6 +112,14 @@ class Daemon:
         await containers.recover()
         launcher.watch()
         node = NodeStatus(cfg, store, cni.status)
+        streaming = StreamingServer(
+            cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher)
+        )
+        try:
+            await streaming.start()
+        except OSError as e:
+            raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
+        self.streaming = streaming
         sock = cfg.socket_path
         _claim_socket(sock)
         server = grpc.aio.server(
@@ -119,7 +129,7 @@ class Daemon:
             ]
         )
         pb_grpc.add_RuntimeServiceServicer_to_server(
-            RuntimeServicer(node, sandboxes, containers), server
+            RuntimeServicer(node, sandboxes, containers, streaming), server
         )
         pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images), server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
@@ -135,6 +145,9 @@ class Daemon:
             self.server = None
             # Only a socket we served is ours to remove; a refused start leaves it alone.
             self.cfg.socket_path.unlink(missing_ok=True)
+        if self.streaming is not None:
+            await self.streaming.stop()
+            self.streaming = None
         if self.launcher is not None:
             self.launcher.close()
             self.launcher = None

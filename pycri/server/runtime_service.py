@@ -13,24 +13,31 @@ from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
 from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.stats_rpcs import StatsRPCs
+from pycri.server.streaming_rpcs import StreamingRPCs
 from pycri.server.unimplemented import complete
 from pycri.status import KUBE_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, NodeStatus
+from pycri.streaming import StreamingServer
 
 Ctx = grpc.aio.ServicerContext
 
 
 @complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
 class RuntimeServicer(
-    SandboxRPCs, ContainerRPCs, StatsRPCs, pb_grpc.RuntimeServiceServicer
+    SandboxRPCs, ContainerRPCs, StatsRPCs, StreamingRPCs, pb_grpc.RuntimeServiceServicer
 ):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""
 
     def __init__(
-        self, node: NodeStatus, sandboxes: SandboxManager, containers: ContainerManager
+        self,
+        node: NodeStatus,
+        sandboxes: SandboxManager,
+        containers: ContainerManager,
+        streaming: StreamingServer,
     ) -> None:
         self.node = node
         self.sandboxes = sandboxes
         self.containers = containers
+        self.streaming = streaming
 
     @rpc
     async def Version(self, request: pb.VersionRequest, context: Ctx) -> pb.VersionResponse:

@@ -1,0 +1,186 @@
+"""The exec/attach protocol (`*.channel.k8s.io`) over a SPDY session.
+
+The client opens one stream per channel, naming it in the `streamType` header:
+`error`, `stdin`, `stdout`, `stderr` (not with a tty) and, from v3 on with a tty,
+`resize` (JSON `{"Width":w,"Height":h}` objects, one after another). When the
+command ends, the server writes the outcome on the error stream and closes every
+stream. v1/v2/v3 write a failure as plain text (nothing on success); v4 always
+writes a JSON metav1.Status, and a non-zero exit is a Failure with reason
+`NonZeroExitCode` whose cause `ExitCode` carries the code (that is how client-go
+turns it into an exit code).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pycri.errors import PycriError
+from pycri.streaming.session import Session, Stream
+
+log = logging.getLogger(__name__)
+
+V1, V2, V3, V4 = "channel.k8s.io", "v2.channel.k8s.io", "v3.channel.k8s.io", "v4.channel.k8s.io"
+PROTOCOLS = [V4, V3, V2, V1]
+STREAM_TIMEOUT = 30.0
+
+
+class ByteReader(Protocol):
+    async def read(self) -> bytes: ...  # b"" at end of input
+
+
+class ByteWriter(Protocol):
+    async def write(self, data: bytes) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class TerminalSize:
+    width: int
+    height: int
+
+
+@dataclass(frozen=True)
+class Options:
+    """Which channels the request asked for (the client opens the same ones)."""
+
+    stdin: bool
+    stdout: bool
+    stderr: bool
+    tty: bool
+
+
+@dataclass
+class StreamIO:
+    """What an exec or attach backend sees: the channels, independent of the transport."""
+
+    tty: bool
+    stdin: ByteReader | None = None
+    stdout: ByteWriter | None = None
+    stderr: ByteWriter | None = None
+    resizes: asyncio.Queue[TerminalSize] = field(default_factory=asyncio.Queue)
+
+
+Handler = Callable[[StreamIO], Awaitable[int]]
+"""Runs the command or attach session over the channels; returns the exit code."""
+
+
+def status_body(version: str, exit_code: int | None, error: str | None) -> bytes:
+    """What goes on the error stream for this outcome under protocol `version`."""
+    if version == V4:
+        status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        if error is not None:
+            status = {"metadata": {}, "status": "Failure", "message": error,
+                      "reason": "InternalError", "code": 500}  # fmt: skip
+        elif exit_code:
+            status = {
+                "metadata": {},
+                "status": "Failure",
+                "message": f"command terminated with non-zero exit code: exit status {exit_code}",
+                "reason": "NonZeroExitCode",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(exit_code)}]},
+            }
+        return json.dumps(status).encode()
+    if error is not None:
+        return error.encode()
+    if exit_code:
+        return f"command terminated with non-zero exit code: exit status {exit_code}".encode()
+    return b""
+
+
+def parse_sizes(buf: bytearray) -> list[TerminalSize]:
+    """Take every complete JSON size object off the front of `buf` (the rest stays)."""
+    text = buf.decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder()
+    out: list[TerminalSize] = []
+    pos = 0
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos >= len(text):
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError:
+            break  # incomplete: wait for more
+        if isinstance(obj, dict):
+            w, h = int(obj.get("Width") or 0), int(obj.get("Height") or 0)
+            if w > 0 and h > 0:
+                out.append(TerminalSize(w, h))
+    del buf[: len(text[:pos].encode())]
+    return out
+
+
+async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> None:
+    buf = bytearray()
+    while chunk := await stream.read():
+        buf += chunk
+        for size in parse_sizes(buf):
+            queue.put_nowait(size)
+
+
+async def _collect(session: Session, wanted: set[str]) -> dict[str, Stream]:
+    """Accept streams until every wanted channel is open; extra ones are kept too."""
+    got: dict[str, Stream] = {}
+    while not wanted <= got.keys():
+        stream = await session.accept()
+        if stream is None:
+            raise ConnectionResetError("client went away before opening its streams")
+        kind = stream.header("streamtype")
+        if kind in got or not kind:
+            await stream.reset()
+            continue
+        got[kind] = stream
+    return got
+
+
+async def serve_spdy(session: Session, version: str, opts: Options, handler: Handler) -> None:
+    """Run one exec/attach over `session` and report its outcome."""
+    wanted = {"error"}
+    if opts.stdin:
+        wanted.add("stdin")
+    if opts.stdout:
+        wanted.add("stdout")
+    if opts.stderr and not opts.tty:
+        wanted.add("stderr")
+    if opts.tty and version in (V3, V4):
+        wanted.add("resize")
+    try:
+        streams = await asyncio.wait_for(_collect(session, wanted), STREAM_TIMEOUT)
+    except (TimeoutError, ConnectionResetError) as e:
+        log.info("streaming session abandoned: %s", e or "timed out waiting for streams")
+        return
+    io = StreamIO(
+        tty=opts.tty,
+        stdin=streams.get("stdin"),
+        stdout=streams.get("stdout"),
+        stderr=streams.get("stderr") if not opts.tty else None,
+    )
+    resizer = None
+    if "resize" in streams:
+        resizer = asyncio.create_task(_pump_resizes(streams["resize"], io.resizes))
+    code: int | None = None
+    error: str | None = None
+    try:
+        code = await handler(io)
+    except PycriError as e:
+        error = str(e)
+    except Exception as e:
+        log.exception("streaming command failed")
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if resizer is not None:
+            resizer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resizer
+    body = status_body(version, code, error)
+    if body:
+        await streams["error"].write(body)
+    for stream in streams.values():
+        await stream.close()

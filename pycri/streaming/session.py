@@ -1,0 +1,253 @@
+"""An asyncio SPDY/3.1 session: multiplexed byte streams over one upgraded connection.
+
+Either side may open streams (the server only accepts them in practice; the client
+role exists for pycri's own tests). Flow control is not enforced: spdystream, the
+only client that speaks SPDY to a CRI streaming server, neither sends nor honours
+WINDOW_UPDATE, so data is buffered as it arrives and written as it is produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from pycri.streaming import spdy
+
+log = logging.getLogger(__name__)
+
+CHUNK = 32 * 1024
+# After our last frame, how long the peer gets to read everything and hang up.
+LINGER = 10.0
+
+
+class Stream:
+    """One SPDY stream: `read` until b"" (peer FIN, reset or session end); `write`, `close`."""
+
+    def __init__(self, session: Session, stream_id: int, headers: spdy.Headers) -> None:
+        self.session = session
+        self.id = stream_id
+        self.headers = headers
+        self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        self.remote_done = False
+        self.local_done = False
+        self.was_reset = False
+        self.replied = asyncio.Event()
+
+    def header(self, name: str) -> str:
+        values = self.headers.get(name.lower())
+        return values[0] if values else ""
+
+    async def read(self) -> bytes:
+        return await self._chunks.get() if not (self.remote_done and self._chunks.empty()) else b""
+
+    async def read_all(self) -> bytes:
+        out = bytearray()
+        while chunk := await self.read():
+            out += chunk
+        return bytes(out)
+
+    async def write(self, data: bytes) -> None:
+        """Send data; silently dropped once the stream is closed or reset (the peer is gone)."""
+        for start in range(0, len(data), CHUNK):
+            if self.local_done or self.was_reset:
+                return
+            await self.session.send(spdy.DataFrame(self.id, data[start : start + CHUNK]))
+
+    async def close(self) -> None:
+        """Half-close: FIN our direction (once)."""
+        if self.local_done or self.was_reset:
+            return
+        self.local_done = True
+        await self.session.send(spdy.DataFrame(self.id, b"", fin=True))
+        self.session.forget_if_done(self)
+
+    async def reset(self, status: int = spdy.CANCEL) -> None:
+        if self.was_reset:
+            return
+        self._on_reset()
+        await self.session.send(spdy.RstStream(self.id, status))
+
+    # -- fed by the session --------------------------------------------------------
+
+    def _on_data(self, data: bytes, fin: bool) -> None:
+        if self.remote_done:
+            return
+        if data:
+            self._chunks.put_nowait(data)
+        if fin:
+            self._on_remote_fin()
+
+    def _on_remote_fin(self) -> None:
+        if not self.remote_done:
+            self.remote_done = True
+            self._chunks.put_nowait(b"")
+            self.session.forget_if_done(self)
+
+    def _on_reset(self) -> None:
+        self.was_reset = True
+        self.local_done = True
+        self.replied.set()
+        self._on_remote_fin()
+
+
+class Session:
+    """Runs the read loop of one connection and hands out its streams."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, server: bool
+    ) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.server = server
+        self.codec = spdy.Codec()
+        self.streams: dict[int, Stream] = {}
+        self.incoming: asyncio.Queue[Stream | None] = asyncio.Queue()
+        self.closed = asyncio.Event()
+        self._next_id = 2 if server else 1
+        self._next_ping = 2 if server else 1
+        self._last_remote_id = 0
+        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._going_away = False
+        self._reader_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._reader_task = asyncio.create_task(self._read_loop())
+
+    async def send(self, frame: spdy.Frame) -> None:
+        """Encode and write in one step (the header compressor's state must follow the
+        byte order on the wire); a broken connection just ends the session."""
+        if self.writer.is_closing():
+            return
+        self.writer.write(self.codec.encode(frame))
+        try:
+            await self.writer.drain()
+        except (ConnectionError, OSError):
+            self._end()
+
+    async def accept(self) -> Stream | None:
+        """The next stream the peer opened (already replied to); None once the session ends."""
+        return await self.incoming.get()
+
+    async def open(self, headers: spdy.Headers, timeout: float = 30.0) -> Stream:
+        """Open a stream and wait for the peer's SYN_REPLY."""
+        sid = self._next_id
+        self._next_id += 2
+        stream = Stream(self, sid, headers)
+        self.streams[sid] = stream
+        await self.send(spdy.SynStream(sid, headers))
+        await asyncio.wait_for(stream.replied.wait(), timeout)
+        if stream.was_reset:
+            raise ConnectionResetError(f"stream {sid} was refused")
+        return stream
+
+    async def ping(self, timeout: float = 10.0) -> None:
+        pid = self._next_ping
+        self._next_ping += 2
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pings[pid] = fut
+        await self.send(spdy.Ping(pid))
+        await asyncio.wait_for(fut, timeout)
+
+    def forget_if_done(self, stream: Stream) -> None:
+        if stream.local_done and stream.remote_done:
+            self.streams.pop(stream.id, None)
+
+    async def close(self, linger: float = LINGER) -> None:
+        """Say GOAWAY, stop writing, and give the peer `linger` seconds to hang up before
+        closing (closing with unread input would reset the connection and could lose
+        what we sent last)."""
+        if not self.writer.is_closing():
+            await self.send(spdy.GoAway(self._last_remote_id))
+            with contextlib.suppress(OSError, RuntimeError):
+                if self.writer.can_write_eof():
+                    self.writer.write_eof()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.closed.wait(), linger)
+        self.writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+        with contextlib.suppress(OSError, ConnectionError):
+            await self.writer.wait_closed()
+        self._end()
+
+    def _end(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        for stream in list(self.streams.values()):
+            stream._on_remote_fin()
+            stream.replied.set()
+        self.incoming.put_nowait(None)
+        for fut in self._pings.values():
+            if not fut.done():
+                fut.set_exception(ConnectionResetError("session closed"))
+
+    async def _read_loop(self) -> None:
+        try:
+            while True:
+                data = await self.reader.read(65536)
+                if not data:
+                    break
+                for frame in self.codec.feed(data):
+                    await self._dispatch(frame)
+        except spdy.SpdyError as e:
+            log.info("SPDY protocol error from peer: %s", e)
+            with contextlib.suppress(Exception):
+                await self.send(spdy.GoAway(self._last_remote_id, spdy.PROTOCOL_ERROR))
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self._end()
+
+    async def _dispatch(self, frame: spdy.Frame) -> None:
+        if isinstance(frame, spdy.DataFrame):
+            stream = self.streams.get(frame.stream_id)
+            if stream is not None:
+                stream._on_data(frame.data, frame.fin)
+        elif isinstance(frame, spdy.SynStream):
+            await self._on_syn_stream(frame)
+        elif isinstance(frame, spdy.SynReply):
+            stream = self.streams.get(frame.stream_id)
+            if stream is not None:
+                stream.replied.set()
+                if frame.fin:
+                    stream._on_remote_fin()
+        elif isinstance(frame, spdy.HeadersFrame):
+            stream = self.streams.get(frame.stream_id)
+            if stream is not None and frame.fin:
+                stream._on_remote_fin()
+        elif isinstance(frame, spdy.RstStream):
+            stream = self.streams.pop(frame.stream_id, None)
+            if stream is not None:
+                stream._on_reset()
+        elif isinstance(frame, spdy.Ping):
+            if frame.ping_id % 2 == self._next_ping % 2:
+                fut = self._pings.pop(frame.ping_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+            else:
+                await self.send(frame)
+        elif isinstance(frame, spdy.GoAway):
+            # The peer opens nothing more; streams already open finish normally.
+            self._going_away = True
+        # SETTINGS and WINDOW_UPDATE need no answer: no flow control (module docstring).
+
+    async def _on_syn_stream(self, frame: spdy.SynStream) -> None:
+        sid = frame.stream_id
+        own_parity = self._next_id % 2
+        if sid % 2 == own_parity or sid <= self._last_remote_id or self._going_away:
+            await self.send(spdy.RstStream(sid, spdy.PROTOCOL_ERROR))
+            return
+        self._last_remote_id = sid
+        stream = Stream(self, sid, frame.headers)
+        stream.replied.set()
+        if frame.unidirectional:
+            stream.local_done = True
+        self.streams[sid] = stream
+        await self.send(spdy.SynReply(sid, {}))
+        if frame.fin:
+            stream._on_remote_fin()
+        self.incoming.put_nowait(stream)
