@@ -21,6 +21,7 @@ from pathlib import Path
 
 import grpc
 
+from pycri import malloc
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
@@ -93,6 +94,7 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.cfg
         self._lock_fd = _lock_state_dir(Path(cfg.state))
+        malloc.tune()
         root = Path(cfg.root)
         root.mkdir(parents=True, exist_ok=True, mode=0o711)
         self.store = store = Store(cfg.db_path)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
-from pycri import errors
+from pycri import errors, malloc
 from pycri.config import ImagesConfig
 from pycri.image import reference
 from pycri.image.auth import Auth
@@ -257,6 +257,7 @@ class ImageManager:
                 if self._held[key] <= 0:
                     del self._held[key]
             await self._sweep()  # on failure this drops what the pull fetched
+            malloc.release()  # the pull's buffers are free now; give the pages back
         return iid
 
     async def _top_manifest(

@@ -88,11 +88,14 @@ def own_capabilities() -> tuple[str, ...]:
 
 @contextlib.asynccontextmanager
 async def step(what: str) -> AsyncIterator[None]:
-    """Prefix a failure with the step it happened in, keeping its error class."""
+    """Prefix a failure with the step it happened in, keeping its status code: the
+    error is re-raised as its nearest class from pycri.errors (whose constructors all
+    take just a message)."""
     try:
         yield
     except PycriError as e:
-        raise type(e)(f"{what}: {e}") from e
+        kind = next(c for c in type(e).__mro__ if c.__module__ == PycriError.__module__)
+        raise kind(f"{what}: {e}") from e
     except OSError as e:
         raise PycriError(f"{what}: {e}") from e
 

@@ -401,3 +401,13 @@ def test_pod_stats(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
     assert linux.network.default_interface.tx_bytes.value > 0
     assert [s.attributes.id for s in rt.ListPodSandboxStats(
         pb.ListPodSandboxStatsRequest()).stats] == [sid]
+
+
+def test_runtime_failure_names_the_step(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
+    sid, cfg = pod
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, cfg, "nope", ["/no/such/binary"])
+    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    assert "creating the container" in (e.value.details() or "")
+    assert "/no/such/binary" in (e.value.details() or "")
+    assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
