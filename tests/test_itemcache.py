@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 from pycri.server.itemcache import ItemCache
 
 
-@dataclass
+@dataclass(eq=False)
 class Rec:
     id: str
     revision: int = 0
 
 
-def test_reuse_until_revision_changes_and_prune() -> None:
+def test_reuse_until_revision_changes() -> None:
     built: list[str] = []
 
     def build(r: Rec) -> str:
@@ -22,13 +23,19 @@ def test_reuse_until_revision_changes_and_prune() -> None:
 
     cache: ItemCache[Rec, str] = ItemCache(build)
     a, b = Rec("a"), Rec("b")
-    assert cache.all([a, b], complete=True) == ["a@0", "b@0"]
-    assert cache.all([a, b], complete=True) == ["a@0", "b@0"]
+    assert cache.all([a, b]) == ["a@0", "b@0"]
+    assert cache.all([a, b]) == ["a@0", "b@0"]
     assert built == ["a", "b"]
     a.revision += 1
     assert cache.get(a) == "a@1"
     assert built == ["a", "b", "a"]
-    assert cache.all([a], complete=False) == ["a@1"]  # a filtered list keeps b cached
-    assert cache.get(b) == "b@0" and len(built) == 3
-    cache.all([a], complete=True)  # b is gone for good
-    assert cache.get(b) == "b@0" and len(built) == 4
+
+
+def test_entries_go_with_their_records() -> None:
+    cache: ItemCache[Rec, str] = ItemCache(lambda r: r.id)
+    records = [Rec(str(i)) for i in range(10)]
+    cache.all(records)
+    assert len(cache) == 10
+    del records[:5]
+    gc.collect()
+    assert len(cache) == 5

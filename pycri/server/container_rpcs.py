@@ -67,6 +67,7 @@ def container_item(c: Container) -> pb.Container:
 class ContainerRPCs:
     containers: ContainerManager
     _container_items: ItemCache[Container, pb.Container] = ItemCache(container_item)
+    _container_statuses: ItemCache[Container, pb.ContainerStatus] = ItemCache(container_status)
 
     @rpc
     async def CreateContainer(
@@ -104,7 +105,7 @@ class ContainerRPCs:
     ) -> pb.ContainerStatusResponse:
         c = self.containers.get(request.container_id)
         info = self.containers.verbose_info(c) if request.verbose else {}
-        return pb.ContainerStatusResponse(status=container_status(c), info=info)
+        return pb.ContainerStatusResponse(status=self._container_statuses.get(c), info=info)
 
     @rpc
     async def ListContainers(
@@ -113,7 +114,7 @@ class ContainerRPCs:
         flt = request.filter if request.HasField("filter") else None
         found = self.containers.list(flt)
         return pb.ListContainersResponse(
-            containers=self._container_items.all(found, complete=flt is None)
+            containers=self._container_items.all(found)
         )
 
     @rpc

@@ -1,12 +1,14 @@
 """Reuse the CRI message built for a record until the record changes.
 
-The kubelet lists pods and containers every second; rebuilding each message
-costs ~10 µs of Python per object, reusing it costs a C-level copy. A record's
-`revision` is bumped on every save, so a cached message is never stale.
+The kubelet lists pods and containers every second and asks for their status;
+rebuilding each message costs ~10 µs of Python per object, reusing it costs a
+C-level copy. A record's `revision` is bumped on every save, so a cached
+message is never stale, and an entry goes away with its record object.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
 
@@ -33,13 +35,13 @@ class ItemCache(Generic[R, M]):
         if hit is not None and hit[0] == record.revision:
             return hit[1]
         msg = self._build(record)
+        if hit is None:  # first sight of this record: drop the entry when it is collected
+            weakref.finalize(record, self._items.pop, record.id, None)
         self._items[record.id] = (record.revision, msg)
         return msg
 
-    def all(self, records: list[R], complete: bool) -> list[M]:
-        """Messages for `records`; when they are every live record, forget the rest."""
-        items = [self.get(r) for r in records]
-        if complete and len(self._items) > len(items):
-            live = {r.id for r in records}
-            self._items = {k: v for k, v in self._items.items() if k in live}
-        return items
+    def all(self, records: list[R]) -> list[M]:
+        return [self.get(r) for r in records]
+
+    def __len__(self) -> int:
+        return len(self._items)

@@ -50,6 +50,7 @@ def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
 class SandboxRPCs:
     sandboxes: SandboxManager
     _sandbox_items: ItemCache[Sandbox, pb.PodSandbox] = ItemCache(sandbox_item)
+    _sandbox_statuses: ItemCache[Sandbox, pb.PodSandboxStatus] = ItemCache(sandbox_status)
 
     @rpc
     async def RunPodSandbox(
@@ -78,7 +79,7 @@ class SandboxRPCs:
     ) -> pb.PodSandboxStatusResponse:
         sb = self.sandboxes.get(request.pod_sandbox_id)
         info = self.sandboxes.verbose_info(sb) if request.verbose else {}
-        return pb.PodSandboxStatusResponse(status=sandbox_status(sb), info=info)
+        return pb.PodSandboxStatusResponse(status=self._sandbox_statuses.get(sb), info=info)
 
     @rpc
     async def ListPodSandbox(
@@ -87,5 +88,5 @@ class SandboxRPCs:
         flt = request.filter if request.HasField("filter") else None
         found = self.sandboxes.list(flt)
         return pb.ListPodSandboxResponse(
-            items=self._sandbox_items.all(found, complete=flt is None)
+            items=self._sandbox_items.all(found)
         )
