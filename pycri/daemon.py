@@ -25,6 +25,7 @@ from pycri import malloc
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
+from pycri.events import EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.reaper import Reaper
@@ -105,8 +106,9 @@ class Daemon:
         images.recover()
         cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
-        sandboxes = SandboxManager(cfg, store, launcher, cni, images)
-        containers = ContainerManager(cfg, store, launcher, sandboxes, images)
+        bus = EventBus()
+        sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus)
+        containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
         sandboxes.containers = containers
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)

@@ -23,6 +23,7 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.container.model import KIND, Container
@@ -33,6 +34,7 @@ from pycri.errors import (
     PycriError,
     Unimplemented,
 )
+from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.execsync import ExecResult, exec_sync
@@ -100,8 +102,10 @@ class ContainerManager:
         launcher: Launcher,
         sandboxes: SandboxManager,
         images: ImageManager,
+        events: EventBus,
     ) -> None:
         self.cfg = cfg
+        self.events = events
         self.store = store
         self.launcher = launcher
         self.sandboxes = sandboxes
@@ -111,6 +115,7 @@ class ContainerManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
+        self._starting: set[str] = set()  # StartContainer in flight
 
     # -- lookup ------------------------------------------------------------------
 
@@ -133,6 +138,9 @@ class ContainerManager:
         c.revision += 1
         self.store.put(KIND, c.id, c.to_record())
         self.containers[c.id] = c
+
+    def _publish(self, c: Container, kind: int) -> None:
+        self.events.publish(Event(c.id, c.sandbox_id, kind, time.time_ns()))
 
     def _forget(self, c: Container) -> None:
         self.store.delete(KIND, c.id)
@@ -182,6 +190,7 @@ class ContainerManager:
         except BaseException:
             self.names.release(key, cid)
             raise
+        self._publish(c, events.CREATED)
         log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
         return cid
 
@@ -292,19 +301,25 @@ class ContainerManager:
             if c.state != pb.CONTAINER_CREATED:
                 state = pb.ContainerState.Name(c.state)
                 raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
-            started_at = time.time_ns()
+            # Set before the start, so an exit reported while it runs is never earlier.
+            c.started_at = time.time_ns()
+            self._starting.add(c.id)
             try:
                 await self.launcher.start(c.id, c.handler)
             except PycriError as e:
-                c.state, c.exit_code = pb.CONTAINER_EXITED, 128
+                c.state, c.exit_code, c.started_at = pb.CONTAINER_EXITED, 128, 0
                 c.reason, c.message = "StartError", str(e)
                 c.finished_at = time.time_ns()
                 self._save(c)
                 raise
-            c.started_at = started_at
-            if c.state == pb.CONTAINER_CREATED:  # an instant exit may have been recorded
+            finally:
+                self._starting.discard(c.id)
+            if c.state == pb.CONTAINER_CREATED:
                 c.state = pb.CONTAINER_RUNNING
             self._save(c)
+            self._publish(c, events.STARTED)
+            if c.state == pb.CONTAINER_EXITED:  # it exited while being started
+                self._publish(c, events.STOPPED)
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
@@ -342,6 +357,7 @@ class ContainerManager:
         await self.images.remove_rootfs(c.id)
         self._cpu_samples.pop(c.id, None)
         self._forget(c)
+        self._publish(c, events.DELETED)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
         if sb is not None:
             self.names.release(c.name_key(sb.config), c.id)
@@ -367,6 +383,8 @@ class ContainerManager:
         else:
             c.reason = "Completed" if code == 0 else "Error"
         self._save(c)
+        if oid not in self._starting:  # start() reports it after STARTED
+            self._publish(c, events.STOPPED)
 
     # -- status / list / update / exec -------------------------------------------------
 

@@ -22,9 +22,11 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
+from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.errors import InvalidArgument, NotFound, PycriError
+from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
@@ -108,8 +110,10 @@ class SandboxManager:
         launcher: Launcher,
         cni: CNIManager,
         images: ImageManager,
+        events: EventBus,
     ) -> None:
         self.cfg = cfg
+        self.events = events
         self.store = store
         self.launcher = launcher
         self.cni = cni
@@ -192,8 +196,14 @@ class SandboxManager:
         except BaseException:
             self.names.release(name_key(md), sid)
             raise
+        self._publish(sb, events.CREATED)
+        self._publish(sb, events.STARTED)
         log.info("pod sandbox %s (%s/%s) ready, ips %s", sid, md.namespace, md.name, sb.ips)
         return sid
+
+    def _publish(self, sb: Sandbox, kind: int) -> None:
+        """Sandboxes report their own lifecycle as container events, as the kubelet expects."""
+        self.events.publish(Event(sb.id, sb.id, kind, time.time_ns()))
 
     def _forget(self, sb: Sandbox) -> None:
         self.store.delete(KIND, sb.id)
@@ -333,8 +343,10 @@ class SandboxManager:
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
         # NOTREADY first: the infra's exit that follows is asked for, not a crash.
-        sb.state = pb.SANDBOX_NOTREADY
-        self._save(sb)
+        if sb.state == pb.SANDBOX_READY:
+            sb.state = pb.SANDBOX_NOTREADY
+            self._save(sb)
+            self._publish(sb, events.STOPPED)
         if sb.infra_pid:
             async with step("stopping the infra container"):
                 await self._kill_infra(sb)
@@ -366,6 +378,7 @@ class SandboxManager:
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
             self._forget(sb)
             self.names.release(sb.name, sb.id)
+            self._publish(sb, events.DELETED)
         self._locks.pop(sb.id, None)
         log.info("pod sandbox %s removed", sb.id)
 
@@ -405,6 +418,7 @@ class SandboxManager:
             log.warning("infra of pod %s exited with %d; pod is NOTREADY", oid, code)
             sb.state = pb.SANDBOX_NOTREADY
             self._save(sb)
+            self._publish(sb, events.STOPPED)
 
     async def recover(self) -> None:
         """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""

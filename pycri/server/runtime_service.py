@@ -11,6 +11,7 @@ from pycri.container.manager import ContainerManager
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
+from pycri.server.event_rpcs import EventRPCs
 from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.stats_rpcs import StatsRPCs
 from pycri.server.streaming_rpcs import StreamingRPCs
@@ -23,7 +24,12 @@ Ctx = grpc.aio.ServicerContext
 
 @complete("runtime.v1.RuntimeService", pb_grpc.RuntimeServiceServicer)
 class RuntimeServicer(
-    SandboxRPCs, ContainerRPCs, StatsRPCs, StreamingRPCs, pb_grpc.RuntimeServiceServicer
+    SandboxRPCs,
+    ContainerRPCs,
+    StatsRPCs,
+    StreamingRPCs,
+    EventRPCs,
+    pb_grpc.RuntimeServiceServicer,
 ):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""
 

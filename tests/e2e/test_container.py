@@ -411,3 +411,29 @@ def test_runtime_failure_names_the_step(node: Node, pod: tuple[str, pb.PodSandbo
     assert "creating the container" in (e.value.details() or "")
     assert "/no/such/binary" in (e.value.details() or "")
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+
+
+def test_container_events_stream(node: Node) -> None:
+    stream = node.cri.runtime.GetContainerEvents(pb.GetEventsRequest())
+    try:
+        sid, cfg = node.run_pod("events")
+        cid = node.run(sid, cfg, "c", ["sh", "-c", "exit 0"])
+        wait_state(node, cid, pb.CONTAINER_EXITED)
+        node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))
+        node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+        got: list[tuple[str, int]] = []
+        for ev in stream:
+            got.append((ev.container_id, ev.container_event_type))
+            if ev.container_id == cid and ev.container_event_type == pb.CONTAINER_STARTED_EVENT:
+                assert ev.pod_sandbox_status.id == sid
+                assert [s.id for s in ev.containers_statuses] == [cid]
+            if ev.container_id == sid and ev.container_event_type == pb.CONTAINER_STOPPED_EVENT:
+                break
+    finally:
+        stream.cancel()
+    assert got == [
+        (sid, pb.CONTAINER_CREATED_EVENT), (sid, pb.CONTAINER_STARTED_EVENT),
+        (cid, pb.CONTAINER_CREATED_EVENT), (cid, pb.CONTAINER_STARTED_EVENT),
+        (cid, pb.CONTAINER_STOPPED_EVENT), (cid, pb.CONTAINER_DELETED_EVENT),
+        (sid, pb.CONTAINER_STOPPED_EVENT),
+    ]

@@ -1,0 +1,44 @@
+"""RuntimeService GetContainerEvents: lifecycle events as a server stream."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from pycri.api import api_pb2 as pb
+from pycri.container.manager import ContainerManager
+from pycri.events import Event
+from pycri.sandbox.manager import SandboxManager
+from pycri.server.container_rpcs import container_status
+from pycri.server.sandbox_rpcs import sandbox_status
+
+Ctx = grpc.aio.ServicerContext
+
+
+class EventRPCs:
+    sandboxes: SandboxManager
+    containers: ContainerManager
+
+    def _event_message(self, ev: Event) -> pb.ContainerEventResponse:
+        """The event with its pod's status as it is now (absent once the pod is gone)."""
+        msg = pb.ContainerEventResponse(
+            container_id=ev.object_id,
+            container_event_type=ev.kind,  # type: ignore[arg-type]
+            created_at=ev.created_at,
+        )
+        sb = self.sandboxes.sandboxes.get(ev.sandbox_id)
+        if sb is not None:
+            msg.pod_sandbox_status.CopyFrom(sandbox_status(sb))
+            msg.containers_statuses.extend(
+                container_status(c) for c in self.containers.of_sandbox(sb.id)
+                if c.state != pb.CONTAINER_UNKNOWN
+            )
+        return msg
+
+    async def GetContainerEvents(
+        self, request: pb.GetEventsRequest, context: Ctx
+    ) -> AsyncIterator[pb.ContainerEventResponse]:
+        with self.containers.events.subscribe() as queue:
+            while True:
+                yield self._event_message(await queue.get())
