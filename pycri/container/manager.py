@@ -388,7 +388,10 @@ class ContainerManager:
 
     # -- status / list / update / exec -------------------------------------------------
 
-    def list(self, flt: pb.ContainerFilter | None) -> builtins.list[Container]:
+    def list(
+        self, flt: pb.ContainerFilter | pb.ContainerStatsFilter | None
+    ) -> builtins.list[Container]:
+        """Created containers matching a ListContainers or ListContainerStats filter."""
         out = [c for c in self.containers.values() if c.state != pb.CONTAINER_UNKNOWN]
         if flt is None:
             return out
@@ -396,7 +399,7 @@ class ContainerManager:
             out = [c for c in out if c.id.startswith(flt.id)]
         if flt.pod_sandbox_id:
             out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
-        if flt.HasField("state"):
+        if isinstance(flt, pb.ContainerFilter) and flt.HasField("state"):
             out = [c for c in out if c.state == flt.state.state]
         if flt.label_selector:
             sel = dict(flt.label_selector)
@@ -445,16 +448,7 @@ class ContainerManager:
         return self._sample(self.get(cid))
 
     def list_stats(self, flt: pb.ContainerStatsFilter | None) -> builtins.list[ContainerUsage]:
-        out = [c for c in self.containers.values() if c.state != pb.CONTAINER_UNKNOWN]
-        if flt is not None:
-            if flt.id:
-                out = [c for c in out if c.id.startswith(flt.id)]
-            if flt.pod_sandbox_id:
-                out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
-            if flt.label_selector:
-                sel = dict(flt.label_selector)
-                out = [c for c in out if matches_labels(dict(c.config.labels), sel)]
-        return [self._sample(c) for c in out]
+        return [self._sample(c) for c in self.list(flt)]
 
     def _sample(self, c: Container) -> ContainerUsage:
         now = time.time_ns()
@@ -474,14 +468,7 @@ class ContainerManager:
         return self._pod_sample(self.sandboxes.get(sandbox_id))
 
     def list_pod_stats(self, flt: pb.PodSandboxStatsFilter | None) -> builtins.list[PodUsage]:
-        pods = list(self.sandboxes.sandboxes.values())
-        if flt is not None:
-            if flt.id:
-                pods = [sb for sb in pods if sb.id.startswith(flt.id)]
-            if flt.label_selector:
-                sel = dict(flt.label_selector)
-                pods = [sb for sb in pods if matches_labels(dict(sb.config.labels), sel)]
-        return [self._pod_sample(sb) for sb in pods]
+        return [self._pod_sample(sb) for sb in self.sandboxes.list(flt)]
 
     def _pod_sample(self, sb: Sandbox) -> PodUsage:
         samples = [self._sample(c) for c in self.of_sandbox(sb.id)

@@ -384,13 +384,16 @@ class SandboxManager:
 
     # -- status / list ----------------------------------------------------------------
 
-    def list(self, flt: pb.PodSandboxFilter | None) -> builtins.list[Sandbox]:
+    def list(
+        self, flt: pb.PodSandboxFilter | pb.PodSandboxStatsFilter | None
+    ) -> builtins.list[Sandbox]:
+        """Sandboxes matching a ListPodSandbox or ListPodSandboxStats filter."""
         out = list(self.sandboxes.values())
         if flt is None:
             return out
         if flt.id:
             out = [s for s in out if s.id.startswith(flt.id)]
-        if flt.HasField("state"):
+        if isinstance(flt, pb.PodSandboxFilter) and flt.HasField("state"):
             out = [s for s in out if s.state == flt.state.state]
         if flt.label_selector:
             sel = dict(flt.label_selector)
