@@ -310,3 +310,48 @@ def test_container_of_host_network_pod_needs_no_options(node: Node) -> None:
     netns = Path(f"/proc/{os.getpid()}/ns/net").readlink()
     pid = int((node.tmp / "state" / "bundles" / cid / "monitor" / "pidfile").read_text())
     assert Path(f"/proc/{pid}/ns/net").readlink() == netns
+
+
+def test_crash_in_the_middle_of_run_pod_sandbox_leaks_nothing(node: Node) -> None:
+    bindir = node.tmp / "cni-bin"
+    bindir.mkdir()
+    marker = node.tmp / "plugin-running"
+    plugin = bindir / "stall"
+    plugin.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, os, sys, time\n"
+        "conf = json.load(sys.stdin)\n"
+        "if os.environ['CNI_COMMAND'] == 'ADD':\n"
+        f"    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(60)\n"
+        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n"
+    )
+    plugin.chmod(0o755)
+    (node.tmp / "net.d" / "10-e2e.conflist").write_text(
+        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": "stall"}]))
+    cfg = node.proc.config
+    cfg.write_text(cfg.read_text().replace(
+        "[cni]\n", f'[cni]\nbin_dirs = ["{bindir}", "/usr/lib/cni"]\n'))
+    node.restart()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.run_pod, "crashy")
+        deadline = time.monotonic() + 20
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline, "the stalling plugin never ran"
+            time.sleep(0.05)
+        node.proc.kill()  # kill -9 pycri while CNI ADD is half-way
+        os.kill(int(marker.read_text()), signal.SIGKILL)
+        with pytest.raises(grpc.RpcError):
+            pending.result(timeout=30)
+    assert host_local_leases(node) != []  # the bridge plugin had already leased an IP
+    node.proc.start()
+    node.cri = node.proc.client()
+    pods = node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+    assert [(p.metadata.name, p.state) for p in pods] == [("crashy", pb.SANDBOX_NOTREADY)]
+    sid = pods[0].id
+    assert Path(f"/run/netns/pycri-{sid}").exists()
+    node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+    assert host_local_leases(node) == []
+    assert not Path(f"/run/netns/pycri-{sid}").exists()
+    assert not list((node.tmp / "root" / "sandboxes").glob("*"))
