@@ -12,6 +12,7 @@ from pycri.sandbox.manager import SandboxManager
 from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
 from pycri.server.event_rpcs import EventRPCs
+from pycri.server.metrics_rpcs import MetricsRPCs
 from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.stats_rpcs import StatsRPCs
 from pycri.server.streaming_rpcs import StreamingRPCs
@@ -29,6 +30,7 @@ class RuntimeServicer(
     StatsRPCs,
     StreamingRPCs,
     EventRPCs,
+    MetricsRPCs,
     pb_grpc.RuntimeServiceServicer,
 ):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""

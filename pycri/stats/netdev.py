@@ -17,18 +17,28 @@ class Interface:
     rx_errors: int
     tx_bytes: int
     tx_errors: int
+    rx_packets: int = 0
+    rx_dropped: int = 0
+    tx_packets: int = 0
+    tx_dropped: int = 0
 
 
 def parse(text: str) -> list[Interface]:
-    """Parse /proc/net/dev; the loopback interface is left out (it is not pod traffic)."""
+    """Parse /proc/net/dev; the loopback interface is left out (it is not pod traffic).
+
+    Columns after the name: receive bytes packets errs drop fifo frame compressed
+    multicast, then transmit bytes packets errs drop fifo colls carrier compressed.
+    """
     out = []
     for line in text.splitlines()[2:]:
         name, _, counters = line.partition(":")
         fields = counters.split()
         if name.strip() == "lo" or len(fields) < 16:
             continue
-        out.append(Interface(name.strip(), int(fields[0]), int(fields[2]),
-                             int(fields[8]), int(fields[10])))
+        f = [int(x) for x in fields[:16]]
+        out.append(Interface(name.strip(), rx_bytes=f[0], rx_errors=f[2], tx_bytes=f[8],
+                             tx_errors=f[10], rx_packets=f[1], rx_dropped=f[3],
+                             tx_packets=f[9], tx_dropped=f[11]))
     return out
 
 

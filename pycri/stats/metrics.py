@@ -1,0 +1,588 @@
+"""CRI metrics (ListMetricDescriptors / ListPodSandboxMetrics) under cAdvisor's names.
+
+The kubelet exports these samples on `/metrics/cadvisor` as they are, so the names,
+label keys and units follow cAdvisor. Every container metric carries the labels
+pod, namespace, container, id, image; network metrics are pod-level (the pod
+shares one network namespace) with container and image left empty.
+CRI values are unsigned integers, so seconds are whole seconds (truncated).
+
+Values are read from the container's cgroup (v1 or v2), /proc of its processes,
+the writable layer and the filesystem holding it, and the infra process's
+/proc/<pid>/net/dev. The parsers are pure functions on file contents.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pycri.api import api_pb2 as pb
+from pycri.container.manager import RUNNING_STATES, ContainerManager
+from pycri.container.model import Container
+from pycri.errors import NotFound
+from pycri.sandbox.model import Sandbox
+from pycri.stats import netdev
+from pycri.stats.cgroups import CGROUP_ROOT, relative_dir
+
+COUNTER, GAUGE = "counter", "gauge"
+BASE_LABELS = ("pod", "namespace", "container", "id", "image")
+NS_PER_S = 10**9
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    name: str
+    help: str
+    kind: str
+    extra_labels: tuple[str, ...] = ()
+
+    @property
+    def label_keys(self) -> tuple[str, ...]:
+        return BASE_LABELS + self.extra_labels
+
+
+_DEV = ("device",)
+_NET = ("interface",)
+
+DESCRIPTORS: tuple[Descriptor, ...] = (
+    Descriptor("container_cpu_usage_seconds_total", "Cumulative CPU time consumed, in seconds",
+               COUNTER),
+    Descriptor("container_cpu_user_seconds_total", "Cumulative user CPU time, in seconds",
+               COUNTER),
+    Descriptor("container_cpu_system_seconds_total", "Cumulative system CPU time, in seconds",
+               COUNTER),
+    Descriptor("container_cpu_cfs_periods_total", "Number of elapsed CFS enforcement periods",
+               COUNTER),
+    Descriptor("container_cpu_cfs_throttled_periods_total",
+               "Number of CFS periods in which the container was throttled", COUNTER),
+    Descriptor("container_cpu_cfs_throttled_seconds_total",
+               "Total time the container was throttled, in seconds", COUNTER),
+    Descriptor("container_memory_usage_bytes",
+               "Current memory usage including page cache, in bytes", GAUGE),
+    Descriptor("container_memory_max_usage_bytes", "Highest memory usage recorded, in bytes",
+               GAUGE),
+    Descriptor("container_memory_working_set_bytes",
+               "Memory usage minus inactive file pages, in bytes", GAUGE),
+    Descriptor("container_memory_cache", "Page cache memory, in bytes", GAUGE),
+    Descriptor("container_memory_rss", "Anonymous and swap cache memory, in bytes", GAUGE),
+    Descriptor("container_memory_mapped_file", "Memory-mapped file pages, in bytes", GAUGE),
+    Descriptor("container_memory_swap", "Swap usage, in bytes", GAUGE),
+    Descriptor("container_memory_kernel_usage", "Kernel memory charged to the container, in bytes",
+               GAUGE),
+    Descriptor("container_memory_failcnt", "Number of times the memory limit was hit", COUNTER),
+    Descriptor("container_memory_failures_total", "Cumulative count of memory page faults",
+               COUNTER, ("failure_type", "scope")),
+    Descriptor("container_oom_events_total", "Number of processes killed by the OOM killer",
+               COUNTER),
+    Descriptor("container_hugetlb_usage_bytes", "Current hugepage usage, in bytes", GAUGE,
+               ("pagesize",)),
+    Descriptor("container_hugetlb_max_usage_bytes", "Highest hugepage usage recorded, in bytes",
+               GAUGE, ("pagesize",)),
+    Descriptor("container_pressure_cpu_stalled_seconds_total",
+               "Time all non-idle tasks were stalled on CPU, in seconds", COUNTER),
+    Descriptor("container_pressure_cpu_waiting_seconds_total",
+               "Time some tasks waited for CPU, in seconds", COUNTER),
+    Descriptor("container_pressure_memory_stalled_seconds_total",
+               "Time all non-idle tasks were stalled on memory, in seconds", COUNTER),
+    Descriptor("container_pressure_memory_waiting_seconds_total",
+               "Time some tasks waited for memory, in seconds", COUNTER),
+    Descriptor("container_pressure_io_stalled_seconds_total",
+               "Time all non-idle tasks were stalled on I/O, in seconds", COUNTER),
+    Descriptor("container_pressure_io_waiting_seconds_total",
+               "Time some tasks waited for I/O, in seconds", COUNTER),
+    Descriptor("container_network_receive_bytes_total", "Bytes received", COUNTER, _NET),
+    Descriptor("container_network_receive_packets_total", "Packets received", COUNTER, _NET),
+    Descriptor("container_network_receive_packets_dropped_total",
+               "Received packets dropped", COUNTER, _NET),
+    Descriptor("container_network_receive_errors_total", "Errors while receiving", COUNTER,
+               _NET),
+    Descriptor("container_network_transmit_bytes_total", "Bytes transmitted", COUNTER, _NET),
+    Descriptor("container_network_transmit_packets_total", "Packets transmitted", COUNTER,
+               _NET),
+    Descriptor("container_network_transmit_packets_dropped_total",
+               "Packets dropped while transmitting", COUNTER, _NET),
+    Descriptor("container_network_transmit_errors_total", "Errors while transmitting", COUNTER,
+               _NET),
+    Descriptor("container_fs_usage_bytes", "Bytes used by the container's writable layer",
+               GAUGE, _DEV),
+    Descriptor("container_fs_limit_bytes",
+               "Size of the filesystem holding the writable layer, in bytes", GAUGE, _DEV),
+    Descriptor("container_fs_inodes_total",
+               "Inodes of the filesystem holding the writable layer", GAUGE, _DEV),
+    Descriptor("container_fs_inodes_free",
+               "Free inodes of the filesystem holding the writable layer", GAUGE, _DEV),
+    Descriptor("container_fs_reads_bytes_total", "Bytes read from a block device", COUNTER,
+               _DEV),
+    Descriptor("container_fs_reads_total", "Reads completed on a block device", COUNTER, _DEV),
+    Descriptor("container_fs_writes_bytes_total", "Bytes written to a block device", COUNTER,
+               _DEV),
+    Descriptor("container_fs_writes_total", "Writes completed on a block device", COUNTER,
+               _DEV),
+    Descriptor("container_blkio_device_usage_total", "Block I/O bytes per device and operation",
+               COUNTER, ("device", "major", "minor", "operation")),
+    Descriptor("container_processes", "Number of processes in the container", GAUGE),
+    Descriptor("container_threads", "Number of threads in the container", GAUGE),
+    Descriptor("container_threads_max", "Task limit of the container (0: unlimited)", GAUGE),
+    Descriptor("container_file_descriptors", "Open file descriptors of the container's processes",
+               GAUGE),
+    Descriptor("container_sockets", "Open sockets of the container's processes", GAUGE),
+    Descriptor("container_ulimits_soft", "Soft resource limit of the container's main process",
+               GAUGE, ("ulimit",)),
+    Descriptor("container_last_seen", "When this sample was taken, in seconds since the epoch",
+               GAUGE),
+    Descriptor("container_start_time_seconds",
+               "When the container started, in seconds since the epoch", GAUGE),
+    Descriptor("container_spec_cpu_period", "CFS period of the container, in microseconds",
+               GAUGE),
+    Descriptor("container_spec_cpu_quota", "CFS quota of the container, in microseconds", GAUGE),
+    Descriptor("container_spec_cpu_shares", "CPU shares of the container", GAUGE),
+    Descriptor("container_spec_memory_limit_bytes", "Memory limit (0: unlimited), in bytes",
+               GAUGE),
+    Descriptor("container_spec_memory_swap_limit_bytes",
+               "Memory plus swap limit (0: unlimited), in bytes", GAUGE),
+)
+BY_NAME = {d.name: d for d in DESCRIPTORS}
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    kind: str
+    labels: tuple[str, ...]  # one value per label key of the descriptor
+    value: int
+    timestamp: int
+
+
+@dataclass(frozen=True)
+class ContainerMetrics:
+    container_id: str
+    samples: list[Sample]
+
+
+@dataclass(frozen=True)
+class PodMetrics:
+    sandbox_id: str
+    samples: list[Sample]  # pod-level (network)
+    containers: list[ContainerMetrics]
+
+
+class _Emitter:
+    """Builds samples for one label set; checks each has as many labels as its descriptor."""
+
+    def __init__(self, base: tuple[str, ...], timestamp: int) -> None:
+        self.base, self.timestamp = base, timestamp
+        self.samples: list[Sample] = []
+
+    def __call__(self, name: str, value: int, *extra: str) -> None:
+        d = BY_NAME[name]
+        labels = self.base + extra
+        if len(labels) != len(d.label_keys):
+            raise ValueError(f"{name}: {len(labels)} label values for {len(d.label_keys)} keys")
+        self.samples.append(Sample(name, d.kind, labels, max(0, value), self.timestamp))
+
+
+# -- pure parsers ----------------------------------------------------------------------
+
+
+def parse_keyed(text: str) -> dict[str, int]:
+    """Flat-keyed cgroup files ("key value" per line: memory.stat, cpu.stat, ...)."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = int(value.strip())
+    return out
+
+
+def parse_limit(text: str) -> int:
+    """A cgroup limit file; "max" (v2 unlimited) and unreadable values are 0."""
+    try:
+        return max(0, int(text.split()[0]))
+    except (ValueError, IndexError):
+        return 0
+
+
+@dataclass(frozen=True)
+class IoEntry:
+    major: int
+    minor: int
+    op: str  # Read, Write, Sync, Async, Discard, Total (cAdvisor's operation names)
+    value: int
+
+
+def parse_blkio_v1(text: str) -> list[IoEntry]:
+    """blkio.*io_service_bytes / io_serviced: "MAJ:MIN Op N" lines; the bare "Total" dropped."""
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) != 3 or ":" not in fields[0]:
+            continue
+        major, _, minor = fields[0].partition(":")
+        out.append(IoEntry(int(major), int(minor), fields[1], int(fields[2])))
+    return out
+
+
+_V2_IO = {"rbytes": ("Read", True), "wbytes": ("Write", True), "dbytes": ("Discard", True),
+          "rios": ("Read", False), "wios": ("Write", False), "dios": ("Discard", False)}
+
+
+def parse_io_stat(text: str) -> tuple[list[IoEntry], list[IoEntry]]:
+    """v2 io.stat ("MAJ:MIN rbytes=.. wbytes=.. rios=.. ..."): (bytes, operations)."""
+    nbytes: list[IoEntry] = []
+    ops: list[IoEntry] = []
+    for line in text.splitlines():
+        dev, *pairs = line.split()
+        if ":" not in dev:
+            continue
+        major, _, minor = dev.partition(":")
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key in _V2_IO and value.isdigit():
+                op, is_bytes = _V2_IO[key]
+                (nbytes if is_bytes else ops).append(
+                    IoEntry(int(major), int(minor), op, int(value)))
+    return nbytes, ops
+
+
+def parse_pressure(text: str) -> dict[str, int]:
+    """PSI file ("some avg10=.. total=USEC" / "full ..."): {"some": usec, "full": usec}."""
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            if key == "total" and value.isdigit():
+                out[kind] = int(value)
+    return out
+
+
+def parse_soft_nofile(limits: str) -> int | None:
+    """Soft "Max open files" from /proc/<pid>/limits (what cAdvisor reports)."""
+    for line in limits.splitlines():
+        if line.startswith("Max open files"):
+            soft = line[len("Max open files"):].split()[0]
+            return int(soft) if soft.isdigit() else None
+    return None
+
+
+def mount_source(mountinfo: str, major: int, minor: int) -> str:
+    """The source of the first mount of device MAJ:MIN in /proc/self/mountinfo, else "M:m"."""
+    dev = f"{major}:{minor}"
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == dev and " - " in line:
+            after = line.split(" - ", 1)[1].split()
+            if len(after) >= 2:
+                return after[1]
+    return dev
+
+
+# -- reading a cgroup ------------------------------------------------------------------
+
+
+@dataclass
+class CgroupReading:
+    """What one cgroup accounts, in the units the kernel uses (ns, bytes, counts)."""
+
+    cpu_ns: int = 0
+    user_ns: int = 0
+    system_ns: int = 0
+    periods: int = 0
+    throttled_periods: int = 0
+    throttled_ns: int = 0
+    memory: int = 0
+    max_memory: int = 0
+    working_set: int = 0
+    cache: int = 0
+    rss: int = 0
+    mapped_file: int = 0
+    swap: int = 0
+    kernel: int = 0
+    failcnt: int = 0
+    oom_kills: int = 0
+    faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, scope) -> n
+    hugetlb: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # size -> use, max
+    pressure: dict[str, dict[str, int]] = field(default_factory=dict)  # cpu/memory/io -> PSI
+    io_bytes: list[IoEntry] = field(default_factory=list)
+    io_ops: list[IoEntry] = field(default_factory=list)
+    procs: list[int] = field(default_factory=list)
+    threads: int = 0
+    threads_max: int = 0
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _int(path: Path) -> int:
+    return parse_limit(_text(path))
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(p) for p in _text(path).split() if p.isdigit()]
+
+
+def read_cgroup(cgroups_path: str, root: Path = CGROUP_ROOT) -> CgroupReading:
+    """Everything for the metrics from a container's cgroup; zeros for a cgroup that is gone."""
+    rel = relative_dir(cgroups_path)
+    if (root / "cgroup.controllers").exists():
+        return _read_v2(root / rel)
+    return _read_v1(root, rel)
+
+
+def _read_v1(root: Path, rel: str) -> CgroupReading:
+    r = CgroupReading()
+    acct, mem_dir, pids_dir = root / "cpuacct" / rel, root / "memory" / rel, root / "pids" / rel
+    r.cpu_ns = _int(acct / "cpuacct.usage")
+    ticks = parse_keyed(_text(acct / "cpuacct.stat"))  # in USER_HZ
+    hz = os.sysconf("SC_CLK_TCK")
+    r.user_ns = ticks.get("user", 0) * NS_PER_S // hz
+    r.system_ns = ticks.get("system", 0) * NS_PER_S // hz
+    cpu = parse_keyed(_text(root / "cpu" / rel / "cpu.stat"))
+    r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
+    r.throttled_ns = cpu.get("throttled_time", 0)
+    stat = parse_keyed(_text(mem_dir / "memory.stat"))
+    r.memory = _int(mem_dir / "memory.usage_in_bytes")
+    r.max_memory = _int(mem_dir / "memory.max_usage_in_bytes")
+    r.working_set = max(0, r.memory - stat.get("total_inactive_file", 0))
+    r.cache, r.rss = stat.get("total_cache", 0), stat.get("total_rss", 0)
+    r.mapped_file, r.swap = stat.get("total_mapped_file", 0), stat.get("total_swap", 0)
+    r.kernel = _int(mem_dir / "memory.kmem.usage_in_bytes")
+    r.failcnt = _int(mem_dir / "memory.failcnt")
+    r.oom_kills = parse_keyed(_text(mem_dir / "memory.oom_control")).get("oom_kill", 0)
+    for kind in ("pgfault", "pgmajfault"):
+        r.faults[(kind, "container")] = stat.get(kind, 0)
+        r.faults[(kind, "hierarchy")] = stat.get(f"total_{kind}", 0)
+    huge = root / "hugetlb" / rel
+    for f in sorted(huge.glob("hugetlb.*.usage_in_bytes")) if huge.is_dir() else []:
+        size = f.name.split(".")[1]
+        r.hugetlb[size] = (_int(f), _int(huge / f"hugetlb.{size}.max_usage_in_bytes"))
+    blkio = root / "blkio" / rel
+    r.io_bytes = parse_blkio_v1(_text(blkio / "blkio.throttle.io_service_bytes_recursive"))
+    r.io_ops = parse_blkio_v1(_text(blkio / "blkio.throttle.io_serviced_recursive"))
+    r.procs = _pids(pids_dir / "cgroup.procs")
+    r.threads = len(_pids(pids_dir / "tasks"))
+    r.threads_max = _int(pids_dir / "pids.max")
+    return r
+
+
+def _read_v2(d: Path) -> CgroupReading:
+    r = CgroupReading()
+    cpu = parse_keyed(_text(d / "cpu.stat"))
+    r.cpu_ns = cpu.get("usage_usec", 0) * 1000
+    r.user_ns, r.system_ns = cpu.get("user_usec", 0) * 1000, cpu.get("system_usec", 0) * 1000
+    r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
+    r.throttled_ns = cpu.get("throttled_usec", 0) * 1000
+    stat = parse_keyed(_text(d / "memory.stat"))
+    events = parse_keyed(_text(d / "memory.events"))
+    r.memory = _int(d / "memory.current")
+    r.max_memory = _int(d / "memory.peak")
+    r.working_set = max(0, r.memory - stat.get("inactive_file", 0))
+    r.cache, r.rss, r.mapped_file = stat.get("file", 0), stat.get("anon", 0), stat.get(
+        "file_mapped", 0)
+    r.swap = _int(d / "memory.swap.current")
+    r.kernel = stat.get("kernel", stat.get("kernel_stack", 0) + stat.get("slab", 0))
+    r.failcnt, r.oom_kills = events.get("max", 0), events.get("oom_kill", 0)
+    for kind in ("pgfault", "pgmajfault"):  # v2 counts the whole subtree only
+        r.faults[(kind, "container")] = r.faults[(kind, "hierarchy")] = stat.get(kind, 0)
+    for f in sorted(d.glob("hugetlb.*.current")):
+        r.hugetlb[f.name.split(".")[1]] = (_int(f), None)  # v2 keeps no peak
+    for res in ("cpu", "memory", "io"):
+        psi = parse_pressure(_text(d / f"{res}.pressure"))
+        if psi:
+            r.pressure[res] = psi
+    r.io_bytes, r.io_ops = parse_io_stat(_text(d / "io.stat"))
+    r.procs = _pids(d / "cgroup.procs")
+    r.threads = len(_pids(d / "cgroup.threads"))
+    r.threads_max = _int(d / "pids.max")
+    return r
+
+
+# -- /proc of the container's processes -------------------------------------------------
+
+
+def count_fds(pids: Sequence[int], proc: Path = Path("/proc")) -> tuple[int, int]:
+    """(open file descriptors, of which sockets) over `pids`; a process that exits is skipped."""
+    fds = sockets = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), os.scandir(proc / str(pid) / "fd") as it:
+            for e in it:
+                fds += 1
+                with contextlib.suppress(OSError):
+                    if os.readlink(e.path).startswith("socket:"):
+                        sockets += 1
+    return fds, sockets
+
+
+def block_device_name(major: int, minor: int, sys_root: Path = Path("/sys")) -> str:
+    """/dev/<DEVNAME> of a block device from sysfs, else "MAJ:MIN"."""
+    uevent = _text(sys_root / "dev" / "block" / f"{major}:{minor}" / "uevent")
+    for line in uevent.splitlines():
+        if line.startswith("DEVNAME="):
+            return "/dev/" + line.removeprefix("DEVNAME=")
+    return f"{major}:{minor}"
+
+
+# -- the collector ---------------------------------------------------------------------
+
+
+def _resource(resources: dict[str, Any], key: str) -> int:
+    """A LinuxContainerResources field from the record (protobuf JSON writes int64 as text)."""
+    try:
+        return max(0, int(resources.get(key, 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
+@dataclass(frozen=True)
+class Filesystem:
+    """The filesystem holding the writable layers (the image root)."""
+
+    device: str
+    size: int
+    inodes: int
+    inodes_free: int
+
+
+class MetricsCollector:
+    """Samples every ready pod and its created/running containers for ListPodSandboxMetrics."""
+
+    def __init__(self, containers: ContainerManager, cgroup_root: Path = CGROUP_ROOT) -> None:
+        self.containers = containers
+        self.cgroup_root = cgroup_root
+
+    async def collect(self) -> list[PodMetrics]:
+        """Records are picked here, on the event loop; the file reads run in a thread."""
+        pods = [
+            (sb, [c for c in self.containers.of_sandbox(sb.id) if c.state in RUNNING_STATES])
+            for sb in self.containers.sandboxes.list(None) if sb.state == pb.SANDBOX_READY
+        ]
+        return await asyncio.to_thread(self._collect, pods)
+
+    def _collect(self, pods: list[tuple[Sandbox, list[Container]]]) -> list[PodMetrics]:
+        fs = self._filesystem()
+        return [self._pod(sb, cs, fs) for sb, cs in pods]
+
+    def _filesystem(self) -> Filesystem:
+        root = self.containers.images.root
+        st, vfs = os.stat(root), os.statvfs(root)
+        device = mount_source(_text(Path("/proc/self/mountinfo")), os.major(st.st_dev),
+                              os.minor(st.st_dev))
+        return Filesystem(device, vfs.f_blocks * vfs.f_frsize, vfs.f_files, vfs.f_favail)
+
+    def _pod(self, sb: Sandbox, containers: Sequence[Container], fs: Filesystem) -> PodMetrics:
+        md = sb.config.metadata
+        emit = _Emitter((md.name, md.namespace, "", sb.id, ""), time.time_ns())
+        if not sb.host_network:
+            for i in netdev.interfaces(sb.infra_pid):
+                emit("container_network_receive_bytes_total", i.rx_bytes, i.name)
+                emit("container_network_receive_packets_total", i.rx_packets, i.name)
+                emit("container_network_receive_packets_dropped_total", i.rx_dropped, i.name)
+                emit("container_network_receive_errors_total", i.rx_errors, i.name)
+                emit("container_network_transmit_bytes_total", i.tx_bytes, i.name)
+                emit("container_network_transmit_packets_total", i.tx_packets, i.name)
+                emit("container_network_transmit_packets_dropped_total", i.tx_dropped, i.name)
+                emit("container_network_transmit_errors_total", i.tx_errors, i.name)
+        return PodMetrics(sb.id, emit.samples,
+                          [self._container(sb, c, fs) for c in containers])
+
+    def _container(self, sb: Sandbox, c: Container, fs: Filesystem) -> ContainerMetrics:
+        md = sb.config.metadata
+        now = time.time_ns()
+        emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id,
+                         c.config.image.image), now)
+        r = read_cgroup(c.cgroups_path, self.cgroup_root)
+        _emit_cpu_memory(emit, r)
+        _emit_io(emit, r)
+        try:
+            used, _ = self.containers.images.rootfs_usage(c.id)
+        except (NotFound, OSError):  # removed while being sampled, or lost with a reboot
+            used = 0
+        emit("container_fs_usage_bytes", used, fs.device)
+        emit("container_fs_limit_bytes", fs.size, fs.device)
+        emit("container_fs_inodes_total", fs.inodes, fs.device)
+        emit("container_fs_inodes_free", fs.inodes_free, fs.device)
+        fds, sockets = count_fds(r.procs)
+        emit("container_processes", len(r.procs))
+        emit("container_threads", r.threads)
+        emit("container_threads_max", r.threads_max)
+        emit("container_file_descriptors", fds)
+        emit("container_sockets", sockets)
+        nofile = parse_soft_nofile(_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
+        if nofile is not None:
+            emit("container_ulimits_soft", nofile, "max_open_files")
+        emit("container_last_seen", now // NS_PER_S)
+        if c.started_at:
+            emit("container_start_time_seconds", c.started_at // NS_PER_S)
+        res = c.resources
+        emit("container_spec_cpu_period", _resource(res, "cpu_period"))
+        if _resource(res, "cpu_quota"):
+            emit("container_spec_cpu_quota", _resource(res, "cpu_quota"))
+        emit("container_spec_cpu_shares", _resource(res, "cpu_shares"))
+        emit("container_spec_memory_limit_bytes", _resource(res, "memory_limit_in_bytes"))
+        emit("container_spec_memory_swap_limit_bytes",
+             _resource(res, "memory_swap_limit_in_bytes"))
+        return ContainerMetrics(c.id, emit.samples)
+
+
+def _emit_cpu_memory(emit: _Emitter, r: CgroupReading) -> None:
+    emit("container_cpu_usage_seconds_total", r.cpu_ns // NS_PER_S)
+    emit("container_cpu_user_seconds_total", r.user_ns // NS_PER_S)
+    emit("container_cpu_system_seconds_total", r.system_ns // NS_PER_S)
+    emit("container_cpu_cfs_periods_total", r.periods)
+    emit("container_cpu_cfs_throttled_periods_total", r.throttled_periods)
+    emit("container_cpu_cfs_throttled_seconds_total", r.throttled_ns // NS_PER_S)
+    emit("container_memory_usage_bytes", r.memory)
+    emit("container_memory_max_usage_bytes", r.max_memory)
+    emit("container_memory_working_set_bytes", r.working_set)
+    emit("container_memory_cache", r.cache)
+    emit("container_memory_rss", r.rss)
+    emit("container_memory_mapped_file", r.mapped_file)
+    emit("container_memory_swap", r.swap)
+    emit("container_memory_kernel_usage", r.kernel)
+    emit("container_memory_failcnt", r.failcnt)
+    emit("container_oom_events_total", r.oom_kills)
+    for (kind, scope), n in sorted(r.faults.items()):
+        emit("container_memory_failures_total", n, kind, scope)
+    for size, (usage, peak) in sorted(r.hugetlb.items()):
+        emit("container_hugetlb_usage_bytes", usage, size)
+        if peak is not None:
+            emit("container_hugetlb_max_usage_bytes", peak, size)
+    for res, psi in sorted(r.pressure.items()):
+        if "full" in psi:
+            emit(f"container_pressure_{res}_stalled_seconds_total", psi["full"] // 10**6)
+        if "some" in psi:
+            emit(f"container_pressure_{res}_waiting_seconds_total", psi["some"] // 10**6)
+
+
+def _emit_io(emit: _Emitter, r: CgroupReading) -> None:
+    """Per-device block I/O; nothing when the kernel accounted no device for the cgroup."""
+    names: dict[tuple[int, int], str] = {}
+
+    def name(e: IoEntry) -> str:
+        key = (e.major, e.minor)
+        if key not in names:
+            names[key] = block_device_name(e.major, e.minor)
+        return names[key]
+
+    per_op = {("bytes", "Read"): "container_fs_reads_bytes_total",
+              ("bytes", "Write"): "container_fs_writes_bytes_total",
+              ("ops", "Read"): "container_fs_reads_total",
+              ("ops", "Write"): "container_fs_writes_total"}
+    for unit, entries in (("bytes", r.io_bytes), ("ops", r.io_ops)):
+        for e in entries:
+            metric = per_op.get((unit, e.op))
+            if metric:
+                emit(metric, e.value, name(e))
+    for e in r.io_bytes:
+        emit("container_blkio_device_usage_total", e.value, name(e), str(e.major), str(e.minor),
+             e.op)
