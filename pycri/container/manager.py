@@ -32,10 +32,10 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
-    Unimplemented,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
+from pycri.image.snapshots import resolve_within
 from pycri.launcher import Launcher
 from pycri.monitor.execsync import ExecResult, exec_sync
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
@@ -159,12 +159,11 @@ class ContainerManager:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
         if not config.metadata.name:
             raise InvalidArgument("container metadata needs a name")
-        if any(m.image.image for m in config.mounts):
-            raise Unimplemented("image volumes (Mount.image) are not supported by pycri")
         config = _with_pod_namespaces(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
             raise NotFound(f"image {config.image.image!r} not found; pull it first")
+        volume_ids = [self._volume_image(m) if m.image.image else "" for m in config.mounts]
         cid = new_id()
         c = Container(
             id=cid,
@@ -176,6 +175,7 @@ class ContainerManager:
             created_at=time.time_ns(),
             log_path=self._log_path(sb, config, cid),
             resources=json.loads(_to_json(config.linux.resources)),
+            mount_image_ids=volume_ids,
         )
         key = c.name_key(sb.config)
         self.names.reserve(key, cid)
@@ -194,6 +194,30 @@ class ContainerManager:
         log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
         return cid
 
+    def _volume_image(self, m: pb.Mount) -> str:
+        """The ID of an image volume's image; checked before anything is made."""
+        spec.check_image_volume(m)
+        image = self.images.status(m.image.image)
+        if image is None:
+            raise NotFound(f"image {m.image.image!r} of image volume {m.container_path} not "
+                           "found; pull it first")
+        return image.id
+
+    async def _mount_image_volumes(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
+        """Read-only views of the image volumes, by their spec.image_volume_key."""
+        sources: dict[str, str] = {}
+        for i, key in c.image_volumes():
+            m = c.config.mounts[i]
+            view = await self.images.prepare_view(key, c.mount_image_ids[i])
+            undo.push_async_callback(self.images.remove_view, key)
+            source = resolve_within(view, m.image_sub_path) if m.image_sub_path else view
+            sources[spec.image_volume_key(i)] = str(source)
+        return sources
+
+    async def _remove_image_volumes(self, c: Container) -> None:
+        for _, key in c.image_volumes():
+            await self.images.remove_view(key)
+
     def _log_path(self, sb: Sandbox, config: pb.ContainerConfig, cid: str) -> str:
         if sb.config.log_directory and config.log_path:
             return str(Path(sb.config.log_directory) / config.log_path)
@@ -206,11 +230,13 @@ class ContainerManager:
         async with step("preparing the rootfs"):
             rootfs = await self.images.prepare_rootfs(c.id, c.image_id)
             undo.push_async_callback(self.images.remove_rootfs, c.id)
+        async with step("mounting image volumes"):
+            volumes = await self._mount_image_volumes(c, undo)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
             c.stop_signal = image.stop_signal
             parse_signal(c.stop_signal)
-            doc = self._spec(c, sb, image, rootfs)
+            doc = self._spec(c, sb, image, rootfs, volumes)
             c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
         async with step("creating the container"):
@@ -228,7 +254,12 @@ class ContainerManager:
             c.pid, c.conmon_pid = created.pid, created.conmon_pid
 
     def _spec(
-        self, c: Container, sb: Sandbox, image: spec.ImageConfig, rootfs: Path
+        self,
+        c: Container,
+        sb: Sandbox,
+        image: spec.ImageConfig,
+        rootfs: Path,
+        volumes: dict[str, str],
     ) -> dict[str, Any]:
         config = c.config
         sc = config.linux.security_context
@@ -247,8 +278,10 @@ class ContainerManager:
         profile = seccomp.load_profile(
             sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path
         )
-        sources: dict[str, str] = {}
+        sources = dict(volumes)
         for m in config.mounts:
+            if m.image.image:
+                continue
             host = mounts.validate_host_path(m.host_path)
             mounts.check_propagation(host.path, m.propagation)
             sources[m.host_path] = host.path
@@ -355,6 +388,7 @@ class ContainerManager:
             await self._stop_locked(c, 0)
         await self.launcher.delete(c.id, c.handler)
         await self.images.remove_rootfs(c.id)
+        await self._remove_image_volumes(c)
         self._cpu_samples.pop(c.id, None)
         self._forget(c)
         self._publish(c, events.DELETED)

@@ -35,6 +35,8 @@ class Container:
     groups: list[int] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)  # CRI LinuxContainerResources
     cgroups_path: str = ""  # the OCI linux.cgroupsPath the runtime was given
+    # Per CRI mount: the image ID of an image volume, "" for a host path mount.
+    mount_image_ids: list[str] = field(default_factory=list)
     # Bumped on every save, so readers can cache what they derive from a record.
     revision: int = field(default=0, compare=False)
 
@@ -42,6 +44,12 @@ class Container:
         """One live container per (name, attempt) in a pod."""
         md, pmd = self.config.metadata, sandbox_config.metadata
         return f"{md.name}_{pmd.name}_{pmd.namespace}_{pmd.uid}_{md.attempt}"
+
+    def image_volumes(self) -> list[tuple[int, str]]:
+        """(mount index, view key) of each image volume; the key is derived, never stored,
+        so RemoveContainer finds the views after a restart."""
+        return [(i, f"{self.id}-vol{i}") for i, m in enumerate(self.config.mounts)
+                if m.image.image]
 
     def to_record(self) -> dict[str, Any]:
         rec = asdict(self)

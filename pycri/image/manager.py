@@ -4,7 +4,7 @@ Layout under the pycri root:
   content/blobs/sha256/<hex>   verified blobs (manifests, configs, layers)
   layers/<chain id hex>/       one unpacked layer, shared by every image using it
   l/<short>                    short links to layers, for long overlay option strings
-  snapshots/<key>/             per-container upper/work/rootfs
+  snapshots/<key>/             per-container upper/work/rootfs, or a read-only view
   tmp/                         unpack temp dirs and trash, emptied by recover()
 
 Records (kind "image", "image_layer", "image_snapshot") live in the metadata
@@ -428,21 +428,32 @@ class ImageManager:
 
     async def prepare_rootfs(self, key: str, image_id: str) -> Path:
         """Overlay rootfs for container `key`; holds the image's layers until removed."""
+        return await self._prepare(key, image_id, readonly=False)
+
+    async def prepare_view(self, key: str, image_id: str) -> Path:
+        """A read-only view of the image (an image volume), held like a rootfs: a
+        RemoveImage while it is mounted keeps its layers until `remove_view(key)`."""
+        return await self._prepare(key, image_id, readonly=True)
+
+    async def _prepare(self, key: str, image_id: str, readonly: bool) -> Path:
         iid = self._resolve(image_id)
         rec = self._store.get(IMAGE, iid) if iid else None
         if rec is None:
             raise errors.NotFound(f"image {image_id!r} not found")
         self.snapshots.dir(key)  # validates the key
         existing = self._store.get(SNAPSHOT, key)
-        if existing is not None and existing["image_id"] != rec["id"]:
-            raise errors.AlreadyExists(f"rootfs {key!r} exists for image {existing['image_id']}")
+        if existing is not None and (
+            existing["image_id"] != rec["id"] or existing.get("view", False) != readonly
+        ):
+            raise errors.AlreadyExists(f"snapshot {key!r} exists for image {existing['image_id']}")
         chains = rec["chain_ids"]
         missing = [c for c in chains if self._store.get(LAYER, c) is None]
         if missing:
             raise errors.FailedPrecondition(f"image {rec['id']}: layers missing, pull it again")
-        self._store.put(SNAPSHOT, key, {"image_id": rec["id"], "chain_ids": chains})
+        self._store.put(SNAPSHOT, key, {"image_id": rec["id"], "chain_ids": chains,
+                                        "view": readonly})
         try:
-            return await self.snapshots.prepare(key, chains)
+            return await self.snapshots.prepare(key, chains, readonly=readonly)
         except BaseException:
             if existing is None:
                 self._store.delete(SNAPSHOT, key)
@@ -450,6 +461,13 @@ class ImageManager:
 
     async def remove_rootfs(self, key: str) -> None:
         """Unmount and delete `key`'s rootfs; release its layers. Absent is success."""
+        await self._release(key)
+
+    async def remove_view(self, key: str) -> None:
+        """Unmount and delete the view `key`; release its layers. Absent is success."""
+        await self._release(key)
+
+    async def _release(self, key: str) -> None:
         rec = self._store.get(SNAPSHOT, key)
         await self.snapshots.remove(key)
         if rec is None:

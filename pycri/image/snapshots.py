@@ -1,10 +1,11 @@
 """Container root filesystems as overlay mounts over the shared layer directories.
 
-Each snapshot is `<dir>/<key>/{upper,work,rootfs}`. The lowerdir option lists
-layer directories top-most first; when absolute paths would overflow the
-one-page mount data limit, the mount is done by `mount(8)` run with the
-layer-link directory as its working directory and short relative names, so
-the daemon never has to chdir.
+Each snapshot is `<dir>/<key>/{upper,work,rootfs}`; a read-only view (an image
+volume) is `<dir>/<key>/{empty,rootfs}`, an overlay of lower dirs only. The
+lowerdir option lists layer directories top-most first; when absolute paths
+would overflow the one-page mount data limit, the mount is done by `mount(8)`
+run with the layer-link directory as its working directory and short relative
+names, so the daemon never has to chdir.
 """
 
 from __future__ import annotations
@@ -54,6 +55,44 @@ def is_mounted(path: Path) -> bool:
     return False
 
 
+def resolve_within(root: Path, sub_path: str) -> Path:
+    """`sub_path` inside `root`, following symlinks as if `root` were `/`.
+
+    An image volume's sub path is looked up the way the container would see the
+    image, so an absolute symlink in the image points into the image, never to
+    the host. `..` is refused outright rather than clamped: it is a user error.
+    """
+    parts = [p for p in sub_path.split("/") if p not in ("", ".")]
+    if sub_path.startswith("/") or ".." in parts:
+        raise errors.InvalidArgument(
+            f"image sub path {sub_path!r} must be relative and must not contain '..'"
+        )
+    resolved: list[str] = []
+    links = 0
+    while parts:
+        name = parts.pop(0)
+        if name == "..":  # only from a symlink's target: clamp at the image root
+            if resolved:
+                resolved.pop()
+            continue
+        here = root.joinpath(*resolved, name)
+        if not here.is_symlink():
+            if not here.exists():
+                raise errors.InvalidArgument(
+                    f"image sub path {sub_path!r} does not exist in the image"
+                )
+            resolved.append(name)
+            continue
+        links += 1
+        if links > 40:
+            raise errors.InvalidArgument(f"image sub path {sub_path!r}: too many symlinks")
+        target = os.readlink(here)
+        if target.startswith("/"):
+            resolved = []
+        parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+    return root.joinpath(*resolved)
+
+
 class Snapshotter:
     def __init__(self, root: Path, layers: Path, links: Path, empty: Path) -> None:
         self.root, self.layers, self.links, self.empty = root, layers, links, empty
@@ -79,25 +118,34 @@ class Snapshotter:
             raise errors.InvalidArgument(f"invalid snapshot key {key!r}")
         return self.root / key
 
-    async def prepare(self, key: str, chain_hexes: list[str]) -> Path:
-        """Mount the overlay for `key`; chain IDs bottom-most first. Undoes itself on failure."""
+    async def prepare(self, key: str, chain_hexes: list[str], readonly: bool = False) -> Path:
+        """Mount the overlay for `key`; chain IDs bottom-most first. Undoes itself on failure.
+
+        A read-only view has no upper or work dir, so nothing can write through it; the
+        kernel wants two lower dirs at least, hence the empty dirs at the bottom.
+        """
         d = self.dir(key)
         rootfs = d / "rootfs"
         if is_mounted(rootfs):
             return rootfs
-        upper, work = d / "upper", d / "work"
-        for p in (d, upper, work, rootfs):
+        upper, work, bottom = d / "upper", d / "work", d / "empty"
+        for p in (d, *((bottom,) if readonly else (upper, work)), rootfs):
             p.mkdir(mode=0o755, exist_ok=True)
         try:
             top_first = list(reversed(chain_hexes))
-            lower = ":".join(str(self.layers / h) for h in top_first) or str(self.empty)
-            opts = f"lowerdir={lower},upperdir={upper},workdir={work}"
+            if readonly:
+                tail = [str(self.empty)] + ([str(bottom)] if not chain_hexes else [])
+                writable = ""
+            else:
+                tail = [] if chain_hexes else [str(self.empty)]
+                writable = f",upperdir={upper},workdir={work}"
+            lower = ":".join([*(str(self.layers / h) for h in top_first), *tail])
+            opts = f"lowerdir={lower}{writable}"
             if len(opts) < PAGE - 1:
                 await asyncio.to_thread(_mount_overlay, rootfs, opts)
             else:
-                short = ":".join(h[:LINK_LEN] for h in top_first)
-                opts = f"lowerdir={short},upperdir={upper},workdir={work}"
-                await self._mount_relative(rootfs, opts)
+                short = ":".join([*(h[:LINK_LEN] for h in top_first), *tail])
+                await self._mount_relative(rootfs, f"lowerdir={short}{writable}")
         except BaseException:
             if is_mounted(rootfs):
                 _umount(rootfs)

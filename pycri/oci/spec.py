@@ -228,7 +228,8 @@ class ContainerContext:
     available_capabilities: Sequence[str] = ALL_CAPABILITIES
     devices: Sequence[DeviceInfo] = ()  # the CRI devices, resolved (mounts.resolve_device)
     host_devices: Sequence[DeviceInfo] = ()  # for privileged containers
-    mount_sources: Mapping[str, str] = field(default_factory=dict)  # CRI host_path → resolved
+    # CRI host_path → resolved path; image_volume_key(i) → the prepared image volume
+    mount_sources: Mapping[str, str] = field(default_factory=dict)
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
     rlimits: Sequence[Rlimit] = ()
@@ -428,16 +429,34 @@ def _depth(mount: Mapping[str, Any]) -> int:
     return len([p for p in mount["destination"].split("/") if p])
 
 
+def image_volume_key(index: int) -> str:
+    """The `mount_sources` key of the image volume at `index` in the CRI mounts; host
+    paths are absolute, so it cannot collide with one."""
+    return f"image-volume:{index}"
+
+
 def cri_mounts(
     mounts: Iterable[pb.Mount], sources: Mapping[str, str]
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """CRI bind mounts and the rootfs propagation they need (None: leave the default)."""
+    """CRI bind mounts and the rootfs propagation they need (None: leave the default).
+
+    An image volume (`image` set) binds its prepared view, read-only and private: an
+    image never changes, so propagation means nothing for it.
+    """
     out: list[dict[str, Any]] = []
     rootfs_propagation: str | None = None
-    for m in mounts:
+    for i, m in enumerate(mounts):
         dest = _clean_dest(m.container_path)
         if dest == "/":
             raise InvalidArgument("a mount cannot target the container's /")
+        if m.image.image:
+            check_image_volume(m)
+            source = sources.get(image_volume_key(i))
+            if source is None:
+                raise InvalidArgument(f"mount {dest}: image volume was not prepared")
+            opts = ["rbind", "rprivate", "ro"] + (["rro"] if m.recursive_read_only else [])
+            out.append({"destination": dest, "type": "bind", "source": source, "options": opts})
+            continue
         if not m.host_path:
             raise InvalidArgument(f"mount {dest}: host path is empty")
         prop = _PROPAGATION.get(m.propagation)
@@ -465,6 +484,18 @@ def cri_mounts(
             }
         )
     return out, rootfs_propagation
+
+
+def check_image_volume(m: pb.Mount) -> None:
+    """The CRI rules of an image volume: read-only by definition, no host path."""
+    if m.host_path:
+        raise InvalidArgument(
+            f"mount {m.container_path}: host_path and image are mutually exclusive"
+        )
+    if not m.readonly:
+        raise InvalidArgument(
+            f"mount {m.container_path}: image volumes are read-only; set readonly"
+        )
 
 
 def _base_mounts(privileged: bool, shm_path: str | None) -> list[dict[str, Any]]:

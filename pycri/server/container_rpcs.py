@@ -23,6 +23,23 @@ def _image_spec(c: Container) -> pb.ImageSpec:
     )
 
 
+def _mounts(c: Container) -> list[pb.Mount]:
+    """The CRI mounts as requested, with each image volume's image ID in image.image_ref."""
+    out = []
+    for i, m in enumerate(c.config.mounts):
+        if m.image.image and i < len(c.mount_image_ids):
+            m = _copy(m)
+            m.image.image_ref = c.mount_image_ids[i]
+        out.append(m)
+    return out
+
+
+def _copy(m: pb.Mount) -> pb.Mount:
+    out = pb.Mount()
+    out.CopyFrom(m)
+    return out
+
+
 def container_status(c: Container) -> pb.ContainerStatus:
     resources = json_format.ParseDict(c.resources, pb.LinuxContainerResources())
     return pb.ContainerStatus(
@@ -40,7 +57,7 @@ def container_status(c: Container) -> pb.ContainerStatus:
         message=c.message,
         labels=c.config.labels,
         annotations=c.config.annotations,
-        mounts=c.config.mounts,
+        mounts=_mounts(c),
         log_path=c.log_path,
         resources=pb.ContainerResources(linux=resources),
         user=pb.ContainerUser(

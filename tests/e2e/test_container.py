@@ -150,7 +150,7 @@ def test_bad_requests(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
                                    config=node.container_config("x", SLEEP, mounts=[pb.Mount(
                                        container_path="/img",
                                        image=pb.ImageSpec(image=node.image))])),
-         grpc.StatusCode.UNIMPLEMENTED),
+         grpc.StatusCode.INVALID_ARGUMENT),  # an image volume must ask for readonly
     ]
     for req, code in cases:
         with pytest.raises(grpc.RpcError) as e:
