@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pycri import __version__
 from pycri.config import Config
+from pycri.oci.mounts import recursive_readonly_supported
 from pycri.store import Store
 
 RUNTIME_NAME = "pycri"
@@ -41,6 +42,8 @@ class NodeStatus:
         self.cfg = cfg
         self.store = store
         self.network = network
+        # pycri stages recursively read-only mounts itself; it needs mount_setattr(2).
+        self.recursive_read_only = recursive_readonly_supported()
 
     @property
     def pod_cidr(self) -> str:

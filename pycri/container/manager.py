@@ -114,6 +114,7 @@ class ContainerManager:
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
+        self.rro_root = Path(cfg.state) / "rro"
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
 
@@ -214,6 +215,31 @@ class ContainerManager:
             sources[spec.image_volume_key(i)] = str(source)
         return sources
 
+    def rro_dir(self, cid: str) -> Path:
+        return self.rro_root / cid
+
+    def _stage_recursive_readonly(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
+        """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key."""
+        sources: dict[str, str] = {}
+        undo.callback(self._unstage_recursive_readonly, c)
+        for i, m in enumerate(c.config.mounts):
+            if not m.recursive_read_only or m.image.image:
+                continue
+            spec.check_recursive_read_only(m)
+            host = mounts.validate_host_path(m.host_path)
+            target = self.rro_dir(c.id) / str(i)
+            mounts.stage_recursive_readonly(host.path, target)
+            sources[spec.rro_key(i)] = str(target)
+        return sources
+
+    def _unstage_recursive_readonly(self, c: Container) -> None:
+        """Detach every staged copy first; only then remove the (now empty) directory."""
+        d = self.rro_dir(c.id)
+        if d.exists():
+            for target in d.iterdir():
+                mounts.unstage(target)
+            d.rmdir()
+
     async def _remove_image_volumes(self, c: Container) -> None:
         for _, key in c.image_volumes():
             await self.images.remove_view(key)
@@ -232,6 +258,8 @@ class ContainerManager:
             undo.push_async_callback(self.images.remove_rootfs, c.id)
         async with step("mounting image volumes"):
             volumes = await self._mount_image_volumes(c, undo)
+        async with step("staging recursive read-only mounts"):
+            volumes |= self._stage_recursive_readonly(c, undo)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
             c.stop_signal = image.stop_signal
@@ -389,6 +417,7 @@ class ContainerManager:
         await self.launcher.delete(c.id, c.handler)
         await self.images.remove_rootfs(c.id)
         await self._remove_image_volumes(c)
+        self._unstage_recursive_readonly(c)
         self._cpu_samples.pop(c.id, None)
         self._forget(c)
         self._publish(c, events.DELETED)

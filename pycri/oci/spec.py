@@ -435,13 +435,30 @@ def image_volume_key(index: int) -> str:
     return f"image-volume:{index}"
 
 
+def rro_key(index: int) -> str:
+    """The `mount_sources` key of the staged, recursively read-only copy of mount `index`."""
+    return f"recursive-read-only:{index}"
+
+
+def check_recursive_read_only(m: pb.Mount) -> None:
+    """A recursively read-only mount must be read-only and private (the CRI contract)."""
+    if not m.readonly:
+        raise InvalidArgument(f"mount {m.container_path}: recursive_read_only needs readonly")
+    if m.propagation != pb.PROPAGATION_PRIVATE:
+        raise InvalidArgument(
+            f"mount {m.container_path}: recursive_read_only needs private propagation"
+        )
+
+
 def cri_mounts(
     mounts: Iterable[pb.Mount], sources: Mapping[str, str]
 ) -> tuple[list[dict[str, Any]], str | None]:
     """CRI bind mounts and the rootfs propagation they need (None: leave the default).
 
     An image volume (`image` set) binds its prepared view, read-only and private: an
-    image never changes, so propagation means nothing for it.
+    image never changes, so propagation means nothing for it. A recursively read-only
+    mount binds the copy the caller staged read-only on the host (`rro_key`): a bind of
+    it keeps every submount read-only, which runc 1.1 and crun 1.8 cannot do themselves.
     """
     out: list[dict[str, Any]] = []
     rootfs_propagation: str | None = None
@@ -454,8 +471,9 @@ def cri_mounts(
             source = sources.get(image_volume_key(i))
             if source is None:
                 raise InvalidArgument(f"mount {dest}: image volume was not prepared")
-            opts = ["rbind", "rprivate", "ro"] + (["rro"] if m.recursive_read_only else [])
-            out.append({"destination": dest, "type": "bind", "source": source, "options": opts})
+            # One overlay mount, no submounts: read-only is already recursive.
+            out.append({"destination": dest, "type": "bind", "source": source,
+                        "options": ["rbind", "rprivate", "ro"]})
             continue
         if not m.host_path:
             raise InvalidArgument(f"mount {dest}: host path is empty")
@@ -463,14 +481,13 @@ def cri_mounts(
         if prop is None:
             raise InvalidArgument(f"mount {dest}: unknown propagation {m.propagation}")
         opts = ["rbind", prop, "ro" if m.readonly else "rw"]
+        source = sources.get(m.host_path, m.host_path)
         if m.recursive_read_only:
-            if not m.readonly:
-                raise InvalidArgument(f"mount {dest}: recursive_read_only needs readonly")
-            if m.propagation != pb.PROPAGATION_PRIVATE:
-                raise InvalidArgument(
-                    f"mount {dest}: recursive_read_only needs private propagation"
-                )
-            opts.append("rro")
+            check_recursive_read_only(m)
+            staged = sources.get(rro_key(i))
+            if staged is None:
+                raise InvalidArgument(f"mount {dest}: recursive read-only copy was not staged")
+            source = staged
         if prop == "rshared":
             rootfs_propagation = "rshared"
         elif prop == "rslave" and rootfs_propagation is None:
@@ -479,7 +496,7 @@ def cri_mounts(
             {
                 "destination": dest,
                 "type": "bind",
-                "source": sources.get(m.host_path, m.host_path),
+                "source": source,
                 "options": opts,
             }
         )

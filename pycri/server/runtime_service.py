@@ -66,7 +66,12 @@ class RuntimeServicer(
             status=pb.RuntimeStatus(conditions=conditions),
             info=self.node.verbose_info() if request.verbose else {},
             runtime_handlers=[
-                pb.RuntimeHandler(name=name, features=pb.RuntimeHandlerFeatures())
+                pb.RuntimeHandler(
+                    name=name,
+                    features=pb.RuntimeHandlerFeatures(
+                        recursive_read_only_mounts=self.node.recursive_read_only
+                    ),
+                )
                 for name in self.node.handlers()
             ],
             features=pb.RuntimeFeatures(supplemental_groups_policy=True),

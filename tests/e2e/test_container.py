@@ -437,3 +437,47 @@ def test_container_events_stream(node: Node) -> None:
         (cid, pb.CONTAINER_STOPPED_EVENT), (cid, pb.CONTAINER_DELETED_EVENT),
         (sid, pb.CONTAINER_STOPPED_EVENT),
     ]
+
+
+@pytest.fixture
+def tree_with_submount(tmp_path: Path) -> Iterator[Path]:
+    """A directory with a writable tmpfs mounted inside it (what critest's rro spec uses)."""
+    d = tmp_path / "rro-src"
+    (d / "tmpfs").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "rrotest", str(d / "tmpfs")], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d / "tmpfs")], check=False)
+
+
+def test_recursive_read_only_mounts(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig], tree_with_submount: Path
+) -> None:
+    sid, cfg = pod
+    handlers = node.cri.runtime.Status(pb.StatusRequest()).runtime_handlers
+    assert all(h.features.recursive_read_only_mounts for h in handlers)
+    src = str(tree_with_submount)
+    plain = node.run(sid, cfg, "ro", SLEEP, mounts=[
+        pb.Mount(container_path="/mnt", host_path=src, readonly=True)])
+    rro = node.run(sid, cfg, "rro", SLEEP, mounts=[
+        pb.Mount(container_path="/mnt", host_path=src, readonly=True, recursive_read_only=True)])
+    # Plain read-only: the submount stays writable. Recursive: it does not.
+    assert node.exec(plain, "touch", "/mnt/tmpfs/a").exit_code == 0
+    r = node.exec(rro, "touch", "/mnt/tmpfs/b")
+    assert r.exit_code != 0 and b"Read-only file system" in r.stderr
+    assert node.exec(rro, "touch", "/mnt/c").exit_code != 0
+    # The host's own tree is untouched by the staging.
+    (tree_with_submount / "tmpfs" / "host-write").write_text("ok")
+    staged = node.tmp / "state" / "rro" / rro
+    assert staged.exists()
+    node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=rro))
+    assert not staged.exists()
+    assert str(staged) not in Path("/proc/mounts").read_text()
+    for bad in (pb.Mount(container_path="/m", host_path=src, recursive_read_only=True),
+                pb.Mount(container_path="/m", host_path=src, readonly=True,
+                         recursive_read_only=True,
+                         propagation=pb.PROPAGATION_HOST_TO_CONTAINER)):
+        with pytest.raises(grpc.RpcError) as e:
+            node.create(sid, cfg, "bad", SLEEP, mounts=[bad])
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -21,7 +21,9 @@ from pycri.oci.spec import (
     Rlimit,
     capabilities_from_mask,
     cgroups_path,
+    cri_mounts,
     resources_to_oci,
+    rro_key,
 )
 from pycri.oci.users import ResolvedUser
 
@@ -367,8 +369,13 @@ def test_cri_mount_private_rw() -> None:
 def test_cri_mount_readonly_and_rro() -> None:
     m = cri_mount(container_path="/d", host_path="/h", readonly=True)["mount"]
     assert m["options"] == ["rbind", "rprivate", "ro"]
-    m = cri_mount(container_path="/d", host_path="/h", readonly=True, recursive_read_only=True)
-    assert m["mount"]["options"] == ["rbind", "rprivate", "ro", "rro"]
+    mount = pb.Mount(container_path="/d", host_path="/h", readonly=True,
+                     recursive_read_only=True)
+    out, _ = cri_mounts([mount], {"/h": "/h", rro_key(0): "/staged/0"})
+    assert out == [{"destination": "/d", "type": "bind", "source": "/staged/0",
+                    "options": ["rbind", "rprivate", "ro"]}]  # fmt: skip
+    with pytest.raises(InvalidArgument, match="not staged"):
+        cri_mounts([mount], {"/h": "/h"})
 
 
 def test_rro_needs_readonly_and_private() -> None:
