@@ -219,7 +219,8 @@ class ContainerManager:
         return self.rro_root / cid
 
     def _stage_recursive_readonly(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
-        """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key."""
+        """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key;
+        they live only until the runtime has bound them into the container."""
         sources: dict[str, str] = {}
         undo.callback(self._unstage_recursive_readonly, c)
         for i, m in enumerate(c.config.mounts):
@@ -280,6 +281,9 @@ class ContainerManager:
             )
             undo.push_async_callback(self.launcher.delete, c.id, c.handler)
             c.pid, c.conmon_pid = created.pid, created.conmon_pid
+        # The container's mount namespace holds its own read-only copies now; the host's
+        # staged copies would only keep the source's mount points busy (EBUSY on rmdir).
+        self._unstage_recursive_readonly(c)
 
     def _spec(
         self,
@@ -417,7 +421,6 @@ class ContainerManager:
         await self.launcher.delete(c.id, c.handler)
         await self.images.remove_rootfs(c.id)
         await self._remove_image_volumes(c)
-        self._unstage_recursive_readonly(c)
         self._cpu_samples.pop(c.id, None)
         self._forget(c)
         self._publish(c, events.DELETED)
