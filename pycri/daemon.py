@@ -97,7 +97,10 @@ class Daemon:
         self._lock_fd = _lock_state_dir(Path(cfg.state))
         malloc.tune()
         root = Path(cfg.root)
-        root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Layers and container upper dirs keep images' setuid bits and device nodes;
+        # no other user may reach them (the containerd/moby CVE-2021-41103 class).
+        os.chmod(root, 0o700)
         self.store = store = Store(cfg.db_path)
         self.reaper = Reaper()
         self.reaper.start()  # also makes us a child subreaper
@@ -112,9 +115,11 @@ class Daemon:
         sandboxes.containers = containers
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
+        # Watch first, so exits during recovery arrive; exits of records not loaded yet
+        # are picked up by recover() from the exit files themselves.
+        launcher.watch()
         await sandboxes.recover()
         await containers.recover()
-        launcher.watch()
         node = NodeStatus(cfg, store, cni.status)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher)

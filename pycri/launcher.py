@@ -11,13 +11,14 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pycri.config import Config
-from pycri.errors import InvalidArgument
+from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.monitor import conmon
 from pycri.monitor.exits import ExitWatcher, parse_exit_code
 from pycri.monitor.reaper import Reaper
@@ -72,16 +73,24 @@ class Launcher:
 
     # -- names ---------------------------------------------------------------------
 
-    def handler_name(self, handler: str) -> str:
-        """The configured handler a RuntimeClass names; "" is the default."""
+    def _name(self, handler: str) -> str:
         name = handler or self.cfg.default_runtime
         if name not in self.runtimes:
             known = ", ".join(sorted(self.runtimes))
             raise InvalidArgument(f"unknown runtime handler {handler!r} (configured: {known})")
         return name
 
+    def handler_name(self, handler: str) -> str:
+        """The handler a new pod gets ("" is the default); it must be installed."""
+        name = self._name(handler)
+        path = self.runtimes[name].path
+        if not os.access(path, os.X_OK):
+            raise FailedPrecondition(f"runtime handler {name!r}: {path} is not installed")
+        return name
+
     def runtime(self, handler: str) -> OCIRuntime:
-        return self.runtimes[self.handler_name(handler)]
+        """The runtime of an existing object (no install check: it must stay removable)."""
+        return self.runtimes[self._name(handler)]
 
     def bundle_dir(self, oid: str) -> Path:
         return self.bundles / oid
@@ -136,14 +145,27 @@ class Launcher:
         await self.runtime(handler).kill(oid, sig)
 
     async def wait_exit(self, oid: str, timeout: float | None) -> bool:
-        """True once conmon reported the exit (immediately if it already did)."""
-        if self.exit_file(oid).exists():
+        """True once conmon reported the exit and the handlers have recorded it; False at
+        the timeout, or as soon as the monitor is gone without reporting (after a crash
+        of pycri during create, conmon can die of SIGPIPE on the sync pipe)."""
+        if self._watcher.report(oid):  # already there: record it now, not on inotify's turn
             return True
+        waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._event(oid).wait())]
+        pid = self._monitor_pid(oid)
+        if pid:
+            waits.append(asyncio.ensure_future(conmon.wait_gone(pid, timeout or 1e9)))
         try:
-            await asyncio.wait_for(self._event(oid).wait(), timeout)
-        except TimeoutError:
-            return self.exit_file(oid).exists()
-        return True
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+        return self._event(oid).is_set() or self._watcher.report(oid)
+
+    def _monitor_pid(self, oid: str) -> int:
+        try:
+            return int(conmon.conmon_pid_file(self.persist_dir(oid)).read_text())
+        except (OSError, ValueError):
+            return 0
 
     def exit_code(self, oid: str) -> int | None:
         try:

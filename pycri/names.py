@@ -10,7 +10,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 
-from pycri.errors import AlreadyExists, NotFound
+from pycri.errors import AlreadyExists, InvalidArgument, NotFound
 
 
 def new_id() -> str:
@@ -19,7 +19,8 @@ def new_id() -> str:
 
 
 def resolve_prefix(prefix: str, ids: Iterable[str], what: str) -> str:
-    """The one ID starting with `prefix`; NotFound for none or several."""
+    """The one ID starting with `prefix`: NotFound for none, InvalidArgument for several
+    (so Stop/Remove, which succeed for unknown IDs, never succeed on an ambiguous one)."""
     if not prefix:
         raise NotFound(f"{what} ID is empty")
     matches = [i for i in ids if i.startswith(prefix)]
@@ -27,7 +28,7 @@ def resolve_prefix(prefix: str, ids: Iterable[str], what: str) -> str:
         return matches[0]
     if not matches:
         raise NotFound(f"{what} {prefix!r} not found")
-    raise NotFound(f"{what} ID prefix {prefix!r} is ambiguous ({len(matches)} matches)")
+    raise InvalidArgument(f"{what} ID prefix {prefix!r} is ambiguous ({len(matches)} matches)")
 
 
 class NameRegistry:

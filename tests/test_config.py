@@ -75,6 +75,12 @@ def test_missing_runtime_binary_is_reported() -> None:
         validate(cfg)
 
 
+def test_only_the_default_handler_must_be_installed() -> None:
+    cfg = Config()
+    cfg.runtimes["crun"].path = "/nonexistent/crun"  # a host without crun still starts
+    validate(cfg)
+
+
 def test_explicit_config_file_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load(tmp_path / "absent.toml")

@@ -128,3 +128,9 @@ def test_sigkill_then_restart(pycri_dirs: PycriProcess) -> None:
         assert pycri_dirs.client().runtime.Version(pb.VersionRequest()).runtime_name == "pycri"
     finally:
         assert pycri_dirs.stop() == 0
+
+
+def test_root_and_metadata_are_private(pycri: PycriProcess) -> None:
+    # Layers keep images' setuid bits and device nodes: no other user may reach them.
+    assert stat.S_IMODE(os.stat(pycri.root).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(pycri.root / "pycri.db").st_mode) == 0o600

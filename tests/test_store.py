@@ -55,3 +55,8 @@ def test_items_is_a_snapshot(tmp_path: Path) -> None:
         s.delete("k", rid)  # deleting while iterating must not break the loop
     assert list(s.items("k")) == []
     s.close()
+
+
+def test_db_file_is_private(tmp_path: Path) -> None:
+    Store(tmp_path / "m.db").close()
+    assert (tmp_path / "m.db").stat().st_mode & 0o777 == 0o600

@@ -190,6 +190,7 @@ class ContainerManager:
                 undo.pop_all()
         except BaseException:
             self.names.release(key, cid)
+            self._locks.pop(cid, None)
             raise
         self._publish(c, events.CREATED)
         log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
@@ -414,13 +415,19 @@ class ContainerManager:
         self._locks.pop(c.id, None)
 
     async def _remove_locked(self, c: Container) -> None:
-        if c.state in RUNNING_STATES and (
+        # Decide on the runtime, not the record: after a failed start the record says
+        # EXITED while `runc init` may still be there; kill it and record its exit first.
+        if self.launcher.exit_code(c.id) is None and (
             await self.launcher.state(c.id, c.handler) is not None
         ):
-            await self._stop_locked(c, 0)
+            await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
+            await self.launcher.wait_exit(c.id, KILL_WAIT)
         await self.launcher.delete(c.id, c.handler)
         await self.images.remove_rootfs(c.id)
         await self._remove_image_volumes(c)
+        self._unstage_recursive_readonly(c)  # left only by a crash during create
+        if not c.log_path:
+            (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
         self._cpu_samples.pop(c.id, None)
         self._forget(c)
         self._publish(c, events.DELETED)
@@ -510,45 +517,75 @@ class ContainerManager:
 
     # -- stats -----------------------------------------------------------------------
 
-    def stats(self, cid: str) -> ContainerUsage:
-        return self._sample(self.get(cid))
+    # Sampling walks writable layers and reads cgroup files in a worker thread, so a
+    # container with a million files cannot stall every other RPC. The thread only reads
+    # files; the records and the CPU-rate memory are touched on the event loop alone.
 
-    def list_stats(self, flt: pb.ContainerStatsFilter | None) -> builtins.list[ContainerUsage]:
-        return [self._sample(c) for c in self.list(flt)]
+    async def stats(self, cid: str) -> ContainerUsage:
+        return (await self._sample([self.get(cid)]))[0]
 
-    def _sample(self, c: Container) -> ContainerUsage:
+    async def list_stats(
+        self, flt: pb.ContainerStatsFilter | None
+    ) -> builtins.list[ContainerUsage]:
+        return await self._sample(self.list(flt))
+
+    async def _sample(self, found: builtins.list[Container]) -> builtins.list[ContainerUsage]:
+        running = [c.state in RUNNING_STATES for c in found]
+        readings = await asyncio.to_thread(
+            lambda: [self._read(c, r) for c, r in zip(found, running, strict=True)]
+        )
+        return [self._rate(c, *reading) for c, reading in zip(found, readings, strict=True)]
+
+    def _read(self, c: Container, running: bool) -> tuple[int, Usage, int, int]:
+        """(time, cgroup usage, writable bytes, writable inodes); file reads only."""
         now = time.time_ns()
-        usage = read_usage(c.cgroups_path) if c.state in RUNNING_STATES else Usage()
-        prev = self._cpu_samples.get(c.id)
-        self._cpu_samples[c.id] = (now, usage.cpu_ns)
-        nano_cores = 0
-        if prev is not None and now > prev[0] and usage.cpu_ns >= prev[1]:
-            nano_cores = (usage.cpu_ns - prev[1]) * 10**9 // (now - prev[0])
+        usage = read_usage(c.cgroups_path) if running else Usage()
         try:
             used, inodes = self.images.rootfs_usage(c.id)
         except NotFound:  # the writable layer went with a reboot
             used = inodes = 0
+        return now, usage, used, inodes
+
+    def _rate(self, c: Container, now: int, usage: Usage, used: int, inodes: int) -> ContainerUsage:
+        """Add the CPU rate since the previous sample (kept only for live containers)."""
+        prev = self._cpu_samples.get(c.id)
+        if c.id in self.containers:
+            self._cpu_samples[c.id] = (now, usage.cpu_ns)
+        nano_cores = 0
+        if prev is not None and now > prev[0] and usage.cpu_ns >= prev[1]:
+            nano_cores = (usage.cpu_ns - prev[1]) * 10**9 // (now - prev[0])
         return ContainerUsage(c, now, usage, nano_cores, used, inodes, str(self.images.root))
 
-    def pod_stats(self, sandbox_id: str) -> PodUsage:
-        return self._pod_sample(self.sandboxes.get(sandbox_id))
+    async def pod_stats(self, sandbox_id: str) -> PodUsage:
+        return (await self._pod_sample([self.sandboxes.get(sandbox_id)]))[0]
 
-    def list_pod_stats(self, flt: pb.PodSandboxStatsFilter | None) -> builtins.list[PodUsage]:
-        return [self._pod_sample(sb) for sb in self.sandboxes.list(flt)]
+    async def list_pod_stats(
+        self, flt: pb.PodSandboxStatsFilter | None
+    ) -> builtins.list[PodUsage]:
+        return await self._pod_sample(self.sandboxes.list(flt))
 
-    def _pod_sample(self, sb: Sandbox) -> PodUsage:
-        samples = [self._sample(c) for c in self.of_sandbox(sb.id)
-                   if c.state != pb.CONTAINER_UNKNOWN]
-        total = functools.reduce(add_usage, (u.usage for u in samples), Usage())
-        live = sb.state == pb.SANDBOX_READY and not sb.host_network
-        return PodUsage(
-            sandbox=sb,
-            timestamp=time.time_ns(),
-            usage=total,
-            nano_cores=sum(u.nano_cores for u in samples),
-            interfaces=netdev.interfaces(sb.infra_pid) if live else [],
-            containers=samples,
+    async def _pod_sample(self, pods: builtins.list[Sandbox]) -> builtins.list[PodUsage]:
+        members = {sb.id: [c for c in self.of_sandbox(sb.id) if c.state != pb.CONTAINER_UNKNOWN]
+                   for sb in pods}
+        samples = await self._sample([c for sb in pods for c in members[sb.id]])
+        by_id = {u.container.id: u for u in samples}
+        live = {sb.id: sb.state == pb.SANDBOX_READY and not sb.host_network for sb in pods}
+        ifaces = await asyncio.to_thread(
+            lambda: {sb.id: netdev.interfaces(sb.infra_pid) if live[sb.id] else []
+                     for sb in pods}
         )
+        out = []
+        for sb in pods:
+            mine = [by_id[c.id] for c in members[sb.id]]
+            out.append(PodUsage(
+                sandbox=sb,
+                timestamp=time.time_ns(),
+                usage=functools.reduce(add_usage, (u.usage for u in mine), Usage()),
+                nano_cores=sum(u.nano_cores for u in mine),
+                interfaces=ifaces[sb.id],
+                containers=mine,
+            ))
+        return out
 
     # -- recovery --------------------------------------------------------------------
 
@@ -561,6 +598,11 @@ class ContainerManager:
             sb = self.sandboxes.sandboxes.get(c.sandbox_id)
             if sb is not None:
                 self.names.reserve(c.name_key(sb.config), cid)
+        # A CreateContainer cut short by a crash: its ID never reached a client, and nobody
+        # else would ever remove it (or free its name).
+        for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
+            log.info("removing container %s left half-created by a crash", c.id)
+            await self._remove_locked(c)
         await asyncio.gather(*(self._recheck(c) for c in list(self.containers.values())))
 
     async def _recheck(self, c: Container) -> None:

@@ -51,6 +51,8 @@ from pycri.image.unpack import disk_usage, unpack_layer
 from pycri.store.db import Record, Store
 
 log = logging.getLogger("pycri.image")
+# An image config is read whole, parsed and kept with the image record.
+MAX_CONFIG = 16 << 20
 
 IMAGE, LAYER, SNAPSHOT = "image", "image_layer", "image_snapshot"
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
@@ -224,6 +226,10 @@ class ImageManager:
             if manifest.get("schemaVersion") != 2 or not isinstance(manifest.get("layers"), list):
                 raise errors.InvalidArgument(f"{r}: unsupported manifest (schema 1 or unknown)")
             cdigest, csize, _ = _descriptor(manifest.get("config"), f"{r}: config")
+            if csize > MAX_CONFIG:  # read whole and kept in memory: bound it like manifests
+                raise errors.InvalidArgument(
+                    f"{r}: image config of {csize} bytes (limit {MAX_CONFIG})"
+                )
             hold(cdigest)
             await self._ensure_blob(eps, auth, cdigest, csize)
             config = _json(self.content.read(cdigest), f"{r}: image config")
@@ -499,8 +505,11 @@ class ImageManager:
             inodes += rec["inodes"]
         return FsUsage(time.time_ns(), str(self.root), used, inodes)
 
-    def container_fs_info(self) -> FsUsage:
-        """Usage of all containers' writable layers."""
+    async def container_fs_info(self) -> FsUsage:
+        """Usage of all containers' writable layers (walked in a thread: they can be big)."""
+        return await asyncio.to_thread(self._container_fs_info)
+
+    def _container_fs_info(self) -> FsUsage:
         used = inodes = 0
         for key in self.snapshots.list_keys():
             with contextlib.suppress(FileNotFoundError, errors.NotFound):

@@ -197,14 +197,22 @@ class _Extractor:
 
 
 def disk_usage(path: Path) -> tuple[int, int]:
-    """(bytes allocated, inodes) under `path`, counting each hard-linked inode once."""
+    """(bytes allocated, inodes) under `path`, counting each hard-linked inode once; entries
+    that vanish during the walk (the tree may belong to a running container) are skipped."""
     seen: set[int] = set()
     used = inodes = 0
     stack = [str(path)]
     while stack:
-        with os.scandir(stack.pop()) as it:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # a running container removed it while we walked
+        with it:
             for e in it:
-                st = e.stat(follow_symlinks=False)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
                 if st.st_nlink > 1:
                     if st.st_ino in seen:
                         continue
@@ -216,6 +224,29 @@ def disk_usage(path: Path) -> tuple[int, int]:
     return used, inodes
 
 
+# pax and GNU long-name headers are read into memory whole by tarfile; a legitimate one
+# holds a path or a few xattrs, so anything larger is an attack on the daemon's memory.
+MAX_EXTENDED_HEADER = 1 << 20
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A TarInfo that refuses oversized pax/GNU extended headers before reading them."""
+
+    def _proc_pax(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        self._check_extended_size()
+        return super()._proc_pax(tf)  # type: ignore[misc]
+
+    def _proc_gnulong(self, tf: tarfile.TarFile) -> tarfile.TarInfo:
+        self._check_extended_size()
+        return super()._proc_gnulong(tf)  # type: ignore[misc]
+
+    def _check_extended_size(self) -> None:
+        if self.size > MAX_EXTENDED_HEADER:
+            raise HostileLayer(
+                f"extended tar header of {self.size} bytes (limit {MAX_EXTENDED_HEADER})"
+            )
+
+
 def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) -> tuple[int, int]:
     """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage."""
     tmp = tmp_root / f"unpack-{uuid.uuid4().hex}"
@@ -225,7 +256,9 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) ->
             reader = _HashingReader(_decompressing(raw))
             ex = _Extractor(tmp)
             try:
-                with tarfile.open(fileobj=reader, mode="r|", bufsize=BUF) as tf:  # type: ignore[call-overload]
+                with tarfile.open(  # type: ignore[call-overload]
+                    fileobj=reader, mode="r|", bufsize=BUF, tarinfo=_BoundedTarInfo
+                ) as tf:
                     for member in tf:
                         ex.entry(tf, member)
             except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error,

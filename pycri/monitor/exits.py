@@ -104,6 +104,10 @@ class ExitWatcher:
             if _is_exit_name(name):
                 self._report(name)
 
+    def report(self, cid: str) -> bool:
+        """Deliver `cid`'s exit now if its file is complete (callers ignore repeats)."""
+        return self._report(cid)
+
     def _report(self, cid: str) -> bool:
         path = self.exit_dir / cid
         try:

@@ -39,6 +39,7 @@ from pycri.network import (
     create_netns,
     remove_netns,
 )
+from pycri.network.netns import NETNS_RUN_DIR
 from pycri.oci import seccomp, spec
 from pycri.oci.users import ResolvedUser
 from pycri.sandbox import podfiles
@@ -195,6 +196,7 @@ class SandboxManager:
                 undo.pop_all()
         except BaseException:
             self.names.release(name_key(md), sid)
+            self._locks.pop(sid, None)
             raise
         self._publish(sb, events.CREATED)
         self._publish(sb, events.STARTED)
@@ -224,9 +226,12 @@ class SandboxManager:
                 undo.callback(podfiles.unmount, shm)
         if not sb.host_network:
             async with step("creating the network namespace"):
-                sb.netns = str(await create_netns(f"pycri-{sb.id}"))
-                undo.push_async_callback(remove_netns, sb.netns)
+                # Path saved and undo pushed first: a crash or cancel during the create
+                # must not leave a pinned namespace nobody knows about.
+                sb.netns = str(NETNS_RUN_DIR / f"pycri-{sb.id}")
                 self._save(sb)
+                undo.push_async_callback(remove_netns, sb.netns)
+                await create_netns(f"pycri-{sb.id}")
             pod_net = self.pod_network(sb)
             async with step("setting up the pod network (CNI)"):
                 undo.push_async_callback(self.cni.teardown, pod_net)
@@ -236,8 +241,8 @@ class SandboxManager:
         rootfs = pod_dir / "rootfs"
         if self.cfg.pause_image:
             async with step(f"preparing the pause image {self.cfg.pause_image}"):
+                undo.push_async_callback(self.images.remove_rootfs, sb.id)  # absent is fine
                 image, rootfs = await self._pause_rootfs(sb)
-                undo.push_async_callback(self.images.remove_rootfs, sb.id)
         else:
             rootfs.mkdir(exist_ok=True)
         async with step("starting the infra container"):
@@ -340,16 +345,16 @@ class SandboxManager:
             await self._stop_locked(sb)
 
     async def _stop_locked(self, sb: Sandbox) -> None:
-        if self.containers is not None:
-            await self.containers.stop_all(sb.id)
-        # NOTREADY first: the infra's exit that follows is asked for, not a crash.
+        # NOTREADY first: no CreateContainer gets past its readiness check after this
+        # (so none escapes stop_all), and the infra exit that follows is not a crash.
         if sb.state == pb.SANDBOX_READY:
             sb.state = pb.SANDBOX_NOTREADY
             self._save(sb)
             self._publish(sb, events.STOPPED)
-        if sb.infra_pid:
-            async with step("stopping the infra container"):
-                await self._kill_infra(sb)
+        if self.containers is not None:
+            await self.containers.stop_all(sb.id)
+        async with step("stopping the infra container"):
+            await self._kill_infra(sb)  # decides on the runtime's state, not the record
         if not sb.host_network and not sb.network_torn_down:
             async with step("tearing down the pod network (CNI)"):
                 await self.cni.teardown(self.pod_network(sb))

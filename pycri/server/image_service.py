@@ -94,5 +94,5 @@ class ImageServicer(api_pb2_grpc.ImageServiceServicer):
     ) -> pb.ImageFsInfoResponse:
         return pb.ImageFsInfoResponse(
             image_filesystems=[_fs(self.m.fs_info())],
-            container_filesystems=[_fs(self.m.container_fs_info())],
+            container_filesystems=[_fs(await self.m.container_fs_info())],
         )

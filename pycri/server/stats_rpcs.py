@@ -82,7 +82,7 @@ class StatsRPCs:
         self, request: pb.ContainerStatsRequest, context: Ctx
     ) -> pb.ContainerStatsResponse:
         return pb.ContainerStatsResponse(
-            stats=container_stats(self.containers.stats(request.container_id))
+            stats=container_stats(await self.containers.stats(request.container_id))
         )
 
     @rpc
@@ -91,7 +91,7 @@ class StatsRPCs:
     ) -> pb.ListContainerStatsResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListContainerStatsResponse(
-            stats=[container_stats(u) for u in self.containers.list_stats(flt)]
+            stats=[container_stats(u) for u in await self.containers.list_stats(flt)]
         )
 
     @rpc
@@ -99,7 +99,7 @@ class StatsRPCs:
         self, request: pb.PodSandboxStatsRequest, context: Ctx
     ) -> pb.PodSandboxStatsResponse:
         return pb.PodSandboxStatsResponse(
-            stats=pod_stats(self.containers.pod_stats(request.pod_sandbox_id))
+            stats=pod_stats(await self.containers.pod_stats(request.pod_sandbox_id))
         )
 
     @rpc
@@ -108,5 +108,5 @@ class StatsRPCs:
     ) -> pb.ListPodSandboxStatsResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListPodSandboxStatsResponse(
-            stats=[pod_stats(p) for p in self.containers.list_pod_stats(flt)]
+            stats=[pod_stats(p) for p in await self.containers.list_pod_stats(flt)]
         )

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -482,3 +483,35 @@ def test_recursive_read_only_mounts(
         with pytest.raises(grpc.RpcError) as e:
             node.create(sid, cfg, "bad", SLEEP, mounts=[bad])
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_crash_during_create_container_frees_the_name_at_restart(node: Node) -> None:
+    slow = node.tmp / "slow-runc"
+    slow.write_text('#!/bin/sh\ncase " $* " in *" create "*) sleep 2;; esac\n'
+                    'exec /usr/sbin/runc "$@"\n')
+    slow.chmod(0o755)
+    cfg_file = node.proc.config
+    cfg_file.write_text(cfg_file.read_text() + f'[runtimes.slow]\npath = "{slow}"\n')
+    node.restart()
+    pod = node.pod_config("slowpod")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=pod, runtime_handler="slow")).pod_sandbox_id
+    bundles = node.tmp / "state" / "bundles"
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.create, sid, pod, "victim", SLEEP)
+        deadline = time.monotonic() + 10
+        while len(list(bundles.iterdir())) < 2:  # the infra's bundle, then the container's
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        node.proc.kill()  # kill -9 in the middle of CreateContainer
+        with pytest.raises(grpc.RpcError):
+            pending.result(timeout=30)
+    cid = next(b.name for b in bundles.iterdir() if b.name != sid)
+    time.sleep(2.5)  # let the orphaned `runc create` finish: a real, created container
+    node.proc.start()
+    node.cri = node.proc.client()
+    assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+    assert not (bundles / cid).exists()
+    assert not (node.tmp / "root" / "snapshots" / cid).exists()
+    assert cid not in Path("/proc/mounts").read_text()
+    node.run(sid, pod, "victim", SLEEP)  # the name is free again

@@ -30,7 +30,7 @@ async def test_overlay_shows_whiteouts_and_opaque_dirs(make_manager: Maker,
     (root / "tmp/big").write_bytes(b"x" * 100_000)
     used, inodes = m.rootfs_usage("c1")
     assert used >= 100_000 and inodes >= 2  # tmp (copied up) + the file
-    assert m.container_fs_info().used_bytes >= 100_000
+    assert (await m.container_fs_info()).used_bytes >= 100_000
     # Writes go to the upper dir only: the shared layer is untouched.
     assert not any((m.root / "layers" / c / "tmp/big").exists()
                    for c in m._store.get(IMAGE, iid)["chain_ids"])  # type: ignore[index]

@@ -95,3 +95,18 @@ def test_wrong_diff_id_and_garbage(tmp_path: Path) -> None:
     with pytest.raises(errors.InvalidArgument, match="corrupt"):
         unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", None)
     assert not (tmp_path / "layer").exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_oversized_extended_header_refused_before_it_is_read(tmp_path: Path, kind: bytes) -> None:
+    # A header claiming 64 MiB of pax/long-name data: tarfile would read it all into memory.
+    size = 64 << 20
+    header = tarfile.TarInfo("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "pax")
+    header.type, header.size = kind, size
+    raw = header.tobuf(format=tarfile.GNU_FORMAT) + b"\0" * size + b"\0" * 1024
+    blob = tmp_path / "blob"
+    blob.write_bytes(images.compress(raw, "gzip"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(HostileLayer, match="extended tar header"):
+        unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", None)
+    assert not (tmp_path / "layer").exists() and list((tmp_path / "tmp").iterdir()) == []

@@ -36,7 +36,7 @@ async def test_view_is_the_image_read_only(make_manager: Maker, refs: dict[str, 
         "view": True}
     with pytest.raises(errors.NotFound):
         m.rootfs_usage("c1-vol0")  # a view has no writable layer to count
-    assert m.container_fs_info().used_bytes == 0
+    assert (await m.container_fs_info()).used_bytes == 0
     assert await m.prepare_view("c1-vol0", iid) == view  # again: the same mount
     with pytest.raises(errors.AlreadyExists):
         await m.prepare_rootfs("c1-vol0", iid)  # a key is a view or a rootfs, not both
