@@ -526,8 +526,9 @@ class ImageManager:
             if not (self._layers / chain).is_dir():
                 self._store.delete(LAYER, chain)
         for iid, rec in self._store.items(IMAGE):
+            # Only unpacked layers matter for running it: a layer blob may never have been
+            # fetched (its chain was already unpacked for another image) or swept since.
             broken = [c for c in rec["chain_ids"] if self._store.get(LAYER, c) is None]
-            broken += [b for b in rec["blobs"] if not self.content.has(b)]
             if broken:
                 log.warning("image %s lost content on disk (%s); dropping it", iid, broken[0])
                 self._store.delete(IMAGE, iid)

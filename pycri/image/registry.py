@@ -35,6 +35,8 @@ DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 MAX_MANIFEST = 4 << 20
+# Cached Authorization values (per registry, repository and credentials), oldest dropped.
+MAX_TOKENS = 256
 CHUNK = 1 << 20
 
 
@@ -145,6 +147,8 @@ class RegistryClient:
         challenge = resp.headers.get("www-authenticate", "")
         value = await self._authorize(client, challenge, ep, auth, dog)
         self._tokens[key] = value
+        while len(self._tokens) > MAX_TOKENS:  # rotating credentials must not pile up
+            del self._tokens[next(iter(self._tokens))]
         headers = {**headers, "Authorization": value}
         resp = await client.send(client.build_request("GET", url, headers=headers), stream=True)
         dog.progress()

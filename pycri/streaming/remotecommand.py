@@ -110,11 +110,17 @@ def parse_sizes(buf: bytearray) -> list[TerminalSize]:
         except ValueError:
             break  # incomplete: wait for more
         if isinstance(obj, dict):
-            w, h = int(obj.get("Width") or 0), int(obj.get("Height") or 0)
-            if w > 0 and h > 0:
+            try:
+                w, h = int(obj.get("Width") or 0), int(obj.get("Height") or 0)
+            except (TypeError, ValueError, OverflowError):
+                continue  # a malformed size is ignored, not fatal to the session
+            if 0 < w < 1 << 16 and 0 < h < 1 << 16:
                 out.append(TerminalSize(w, h))
     del buf[: len(text[:pos].encode())]
     return out
+
+
+MAX_RESIZE_BACKLOG = 4096
 
 
 async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> None:
@@ -123,6 +129,8 @@ async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> N
         buf += chunk
         for size in parse_sizes(buf):
             queue.put_nowait(size)
+        if len(buf) > MAX_RESIZE_BACKLOG:  # no size message is this long: drop the garbage
+            buf.clear()
 
 
 async def _collect(session: Session, wanted: set[str]) -> dict[str, Stream]:

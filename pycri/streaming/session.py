@@ -21,6 +21,13 @@ CHUNK = 32 * 1024
 LINGER = 10.0
 
 
+# Per stream, at most this many received frames wait unread; past that the session stops
+# reading the connection, so TCP pushes back on a client sending faster than we consume.
+MAX_BUFFERED_FRAMES = 32
+# Streams one session may have open at once (exec uses up to 5, port-forward 2 per port).
+MAX_STREAMS = 128
+
+
 class Stream:
     """One SPDY stream: `read` until b"" (peer FIN, reset or session end); `write`, `close`."""
 
@@ -29,6 +36,7 @@ class Stream:
         self.id = stream_id
         self.headers = headers
         self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
+        self._space = asyncio.Event()
         self.remote_done = False
         self.local_done = False
         self.was_reset = False
@@ -39,7 +47,11 @@ class Stream:
         return values[0] if values else ""
 
     async def read(self) -> bytes:
-        return await self._chunks.get() if not (self.remote_done and self._chunks.empty()) else b""
+        if self.remote_done and self._chunks.empty():
+            return b""
+        chunk = await self._chunks.get()
+        self._space.set()
+        return chunk
 
     async def read_all(self) -> bytes:
         out = bytearray()
@@ -70,10 +82,13 @@ class Stream:
 
     # -- fed by the session --------------------------------------------------------
 
-    def _on_data(self, data: bytes, fin: bool) -> None:
+    async def _on_data(self, data: bytes, fin: bool) -> None:
         if self.remote_done:
             return
         if data:
+            while self._chunks.qsize() >= MAX_BUFFERED_FRAMES and not self.was_reset:
+                self._space.clear()
+                await self._space.wait()  # backpressure: the session reads no further
             self._chunks.put_nowait(data)
         if fin:
             self._on_remote_fin()
@@ -85,6 +100,7 @@ class Stream:
             self.session.forget_if_done(self)
 
     def _on_reset(self) -> None:
+        self._space.set()
         self.was_reset = True
         self.local_done = True
         self.replied.set()
@@ -206,7 +222,7 @@ class Session:
         if isinstance(frame, spdy.DataFrame):
             stream = self.streams.get(frame.stream_id)
             if stream is not None:
-                stream._on_data(frame.data, frame.fin)
+                await stream._on_data(frame.data, frame.fin)
         elif isinstance(frame, spdy.SynStream):
             await self._on_syn_stream(frame)
         elif isinstance(frame, spdy.SynReply):
@@ -240,6 +256,9 @@ class Session:
         own_parity = self._next_id % 2
         if sid % 2 == own_parity or sid <= self._last_remote_id or self._going_away:
             await self.send(spdy.RstStream(sid, spdy.PROTOCOL_ERROR))
+            return
+        if len(self.streams) >= MAX_STREAMS:
+            await self.send(spdy.RstStream(sid, spdy.REFUSED_STREAM))
             return
         self._last_remote_id = sid
         stream = Stream(self, sid, frame.headers)

@@ -44,6 +44,9 @@ CANCEL = 5
 INTERNAL_ERROR = 6
 
 MAX_LENGTH = (1 << 24) - 1
+# What we accept from a peer: client-go writes 32 KiB data frames and small header blocks,
+# so a bigger frame (or header block inflating past this) is an attack on our memory.
+MAX_RECEIVE = 1 << 20
 _ID_MASK = 0x7FFFFFFF
 
 Headers = dict[str, list[str]]
@@ -250,6 +253,8 @@ class Codec:
         frames: list[Frame] = []
         while len(self._buf) >= 8:
             (length,) = struct.unpack(">I", b"\0" + self._buf[5:8])
+            if length > MAX_RECEIVE:
+                raise SpdyError(f"frame of {length} bytes (limit {MAX_RECEIVE})")
             if len(self._buf) < 8 + length:
                 break
             head = bytes(self._buf[:8])
@@ -262,9 +267,11 @@ class Codec:
 
     def _headers(self, block: bytes) -> Headers:
         try:
-            raw = self._inflate.decompress(block)
+            raw = self._inflate.decompress(block, MAX_RECEIVE)
         except zlib.error as e:
             raise SpdyError(f"header block does not decompress: {e}") from None
+        if self._inflate.unconsumed_tail:
+            raise SpdyError(f"header block inflates past {MAX_RECEIVE} bytes")
         return decode_header_block(raw)
 
     def _parse(self, head: bytes, body: bytes) -> Frame | None:

@@ -47,8 +47,13 @@ def test_default_profile_shape() -> None:
 def test_default_caps_allow_ordinary_and_block_dangerous() -> None:
     p = for_capabilities(default_profile(), DEFAULT_CAPABILITIES)
     ok = allowed(p)
-    for name in ("read", "write", "openat", "execve", "mmap", "futex", "exit_group", "socket"):
+    for name in ("read", "write", "openat", "execve", "mmap", "futex", "exit_group"):
         assert name in ok, name
+    # socket() is allowed for every family but AF_VSOCK (40): no host/VM vsock services.
+    assert "socket" not in ok
+    socket_rules = [r for r in p["syscalls"] if r["names"] == ["socket"]]
+    assert socket_rules == [{"names": ["socket"], "action": "SCMP_ACT_ALLOW",
+                             "args": [{"index": 0, "value": 40, "op": "SCMP_CMP_NE"}]}]
     for name in (
         "unshare", "mount", "umount2", "setns", "sethostname", "keyctl", "add_key",
         "bpf", "kexec_load", "ptrace", "init_module", "reboot", "open_by_handle_at",

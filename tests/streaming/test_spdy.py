@@ -10,6 +10,7 @@ import zlib
 import pytest
 
 from pycri.streaming import http, remotecommand, spdy
+from pycri.streaming import session as session_mod
 from pycri.streaming.session import Session
 
 FRAMES: list[spdy.Frame] = [
@@ -163,6 +164,58 @@ async def test_sessions_talk_to_each_other() -> None:
     assert await stream.read_all() == b"back"
     await client.ping()
     await srv.ping()
+    await client.close(linger=1)
+    await srv.close(linger=1)
+    server.close()
+
+
+def test_oversized_frames_and_header_bombs_are_refused() -> None:
+    # A DATA frame longer than we accept: refused from its header, before the body arrives.
+    head = struct.pack(">I", 1) + bytes([0]) + (spdy.MAX_RECEIVE + 1).to_bytes(3, "big")
+    with pytest.raises(spdy.SpdyError, match="limit"):
+        spdy.Codec().feed(head)
+    # A small SYN_STREAM whose header block inflates to 8 MiB.
+    bomb = zlib.compressobj(zdict=spdy.DICTIONARY)
+    block = bomb.compress(struct.pack(">I", 1) + struct.pack(">I", 1) + b"a"
+                          + struct.pack(">I", 8 << 20) + b"b" * (8 << 20))
+    block += bomb.flush(zlib.Z_SYNC_FLUSH)
+    body = struct.pack(">IIH", 1, 0, 0) + block
+    frame = struct.pack(">HHI", 0x8003, spdy.SYN_STREAM, len(body)) + body
+    with pytest.raises(spdy.SpdyError, match="inflates past"):
+        spdy.Codec().feed(frame)
+
+
+def test_resize_garbage_is_ignored_not_fatal() -> None:
+    buf = bytearray(b'{"Width":"a","Height":1}{"Width":1e999,"Height":2}{"Width":90,"Height":9}')
+    assert remotecommand.parse_sizes(buf) == [remotecommand.TerminalSize(90, 9)]
+
+
+async def test_a_slow_reader_pushes_back_instead_of_buffering() -> None:
+    accepted: asyncio.Queue[Session] = asyncio.Queue()
+
+    async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        s = Session(r, w, server=True)
+        s.start()
+        await accepted.put(s)
+        await s.closed.wait()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    client = Session(r, w, server=False)
+    client.start()
+    srv = await accepted.get()
+    stream = await client.open({"streamtype": ["stdin"]})
+    incoming = await srv.accept()
+    assert incoming is not None
+    sender = asyncio.create_task(stream.write(b"y" * (64 << 20)))  # 64 MiB, nobody reading
+    await asyncio.sleep(1.0)
+    assert incoming._chunks.qsize() <= session_mod.MAX_BUFFERED_FRAMES
+    assert not sender.done()  # the sender is held back by TCP, not buffered by us
+    total = 0
+    while total < 64 << 20:
+        total += len(await incoming.read())
+    await sender
     await client.close(linger=1)
     await srv.close(linger=1)
     server.close()
