@@ -241,7 +241,8 @@ class RegistryClient:
                 _check_status(resp, what)
                 async for chunk in resp.aiter_raw(CHUNK):
                     dog.progress()
-                    w.write(chunk)
+                    # Hashing and writing 1 MiB releases the GIL: do it off the event loop.
+                    await asyncio.to_thread(w.write, chunk)
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
