@@ -7,6 +7,7 @@ exception logged, never a crashed call or a dead server.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -40,14 +41,25 @@ def status_code(exc: errors.PycriError) -> grpc.StatusCode:
 
 
 def rpc(fn: Handler[R]) -> Handler[R]:
-    """Wrap a servicer method: log it, map domain errors to status codes."""
+    """Wrap a servicer method: log it, map domain errors to status codes.
+
+    The work runs shielded from the caller: a client that gives up (deadline, ^C)
+    cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
+    would leave a lease, a mount or a process behind.
+    """
     name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         log.debug("%s %s", name, _short(request))
+        work = asyncio.ensure_future(fn(self, request, context))
         try:
-            return await fn(self, request, context)
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                log.info("%s: the client went away; finishing the call anyway", name)
+                work.add_done_callback(functools.partial(_finished_alone, name))
+            raise
         except errors.PycriError as e:
             log.info("%s failed: %s", name, e)
             await context.abort(status_code(e), str(e))
@@ -59,6 +71,14 @@ def rpc(fn: Handler[R]) -> Handler[R]:
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
+
+
+def _finished_alone(name: str, work: asyncio.Future[Any]) -> None:
+    """Report the outcome of a call its client stopped waiting for."""
+    if work.cancelled():
+        return
+    if (e := work.exception()) is not None:
+        log.info("%s (client gone) failed: %s", name, e)
 
 
 def _short(request: Any) -> str:

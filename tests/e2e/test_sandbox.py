@@ -355,3 +355,38 @@ def test_crash_in_the_middle_of_run_pod_sandbox_leaks_nothing(node: Node) -> Non
     assert host_local_leases(node) == []
     assert not Path(f"/run/netns/pycri-{sid}").exists()
     assert not list((node.tmp / "root" / "sandboxes").glob("*"))
+
+
+def test_a_client_that_gives_up_does_not_leave_a_half_stopped_pod(node: Node) -> None:
+    bindir = node.tmp / "cni-bin"
+    bindir.mkdir()
+    plugin = bindir / "slowdel"
+    plugin.write_text(
+        "#!/usr/bin/env python3\n"
+        "import json, os, sys, time\n"
+        "conf = json.load(sys.stdin)\n"
+        "if os.environ['CNI_COMMAND'] == 'DEL':\n"
+        "    time.sleep(1.5)\n"
+        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n"
+    )
+    plugin.chmod(0o755)
+    (node.tmp / "net.d" / "10-e2e.conflist").write_text(
+        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": "slowdel"}]))
+    cfg = node.proc.config
+    cfg.write_text(cfg.read_text().replace(
+        "[cni]\n", f'[cni]\nbin_dirs = ["{bindir}", "/usr/lib/cni"]\n'))
+    node.restart()
+    sid, _ = node.run_pod("impatient")
+    netns = Path(f"/run/netns/pycri-{sid}")
+    with pytest.raises(grpc.RpcError) as e:
+        node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid),
+                                        timeout=0.3)
+    assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    deadline = time.monotonic() + 10
+    while netns.exists():  # the daemon finishes the stop on its own
+        assert time.monotonic() < deadline, "the abandoned StopPodSandbox never finished"
+        time.sleep(0.1)
+    assert node.pod_status(sid).state == pb.SANDBOX_NOTREADY
+    assert host_local_leases(node) == []
+    assert not [r for r in subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
+                                          text=True).stdout.splitlines() if sid in r]
