@@ -7,12 +7,30 @@ import grpc
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager, ContainerUsage, PodUsage
 from pycri.server.errors import rpc
+from pycri.stats.cgroups import Usage
 
 Ctx = grpc.aio.ServicerContext
 
 
 def _u64(value: int) -> pb.UInt64Value:
     return pb.UInt64Value(value=value)
+
+
+def _cpu(ts: int, usage: Usage, nano_cores: int) -> pb.CpuUsage:
+    return pb.CpuUsage(timestamp=ts, usage_core_nano_seconds=_u64(usage.cpu_ns),
+                       usage_nano_cores=_u64(nano_cores))
+
+
+def _memory(ts: int, usage: Usage) -> pb.MemoryUsage:
+    """The same fields for a container and for a pod (its containers summed)."""
+    return pb.MemoryUsage(
+        timestamp=ts,
+        working_set_bytes=_u64(usage.working_set_bytes),
+        usage_bytes=_u64(usage.memory_bytes),
+        rss_bytes=_u64(usage.rss_bytes),
+        page_faults=_u64(usage.page_faults),
+        major_page_faults=_u64(usage.major_page_faults),
+    )
 
 
 def container_stats(u: ContainerUsage) -> pb.ContainerStats:
@@ -22,16 +40,8 @@ def container_stats(u: ContainerUsage) -> pb.ContainerStats:
             id=c.id, metadata=c.config.metadata, labels=c.config.labels,
             annotations=c.config.annotations,
         ),
-        cpu=pb.CpuUsage(timestamp=ts, usage_core_nano_seconds=_u64(u.usage.cpu_ns),
-                        usage_nano_cores=_u64(u.nano_cores)),
-        memory=pb.MemoryUsage(
-            timestamp=ts,
-            working_set_bytes=_u64(u.usage.working_set_bytes),
-            usage_bytes=_u64(u.usage.memory_bytes),
-            rss_bytes=_u64(u.usage.rss_bytes),
-            page_faults=_u64(u.usage.page_faults),
-            major_page_faults=_u64(u.usage.major_page_faults),
-        ),
+        cpu=_cpu(ts, u.usage, u.nano_cores),
+        memory=_memory(ts, u.usage),
         writable_layer=pb.FilesystemUsage(
             timestamp=ts,
             fs_id=pb.FilesystemIdentifier(mountpoint=u.mountpoint),
@@ -56,16 +66,8 @@ def pod_stats(p: PodUsage) -> pb.PodSandboxStats:
             annotations=sb.config.annotations,
         ),
         linux=pb.LinuxPodSandboxStats(
-            cpu=pb.CpuUsage(timestamp=ts, usage_core_nano_seconds=_u64(p.usage.cpu_ns),
-                            usage_nano_cores=_u64(p.nano_cores)),
-            memory=pb.MemoryUsage(
-                timestamp=ts,
-                working_set_bytes=_u64(p.usage.working_set_bytes),
-                usage_bytes=_u64(p.usage.memory_bytes),
-                rss_bytes=_u64(p.usage.rss_bytes),
-                page_faults=_u64(p.usage.page_faults),
-                major_page_faults=_u64(p.usage.major_page_faults),
-            ),
+            cpu=_cpu(ts, p.usage, p.nano_cores),
+            memory=_memory(ts, p.usage),
             network=pb.NetworkUsage(timestamp=ts, default_interface=default,
                                     interfaces=ifaces),
             process=pb.ProcessUsage(timestamp=ts, process_count=_u64(p.usage.processes)),
