@@ -23,6 +23,23 @@ from tests.network.helpers import purge_nat_rules
 pytestmark = pytest.mark.e2e
 
 
+def chain_test_plugin(node: Node, name: str, script: str) -> Path:
+    """Install `script` as CNI plugin `name`, chained after the node's bridge+portmap,
+    and restart the node on that network; returns the plugin's path."""
+    bindir = node.tmp / "cni-bin"
+    bindir.mkdir(exist_ok=True)
+    plugin = bindir / name
+    plugin.write_text(script)
+    plugin.chmod(0o755)
+    (node.tmp / "net.d" / "10-e2e.conflist").write_text(
+        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": name}]))
+    cfg = node.proc.config
+    cfg.write_text(cfg.read_text().replace(
+        "[cni]\n", f'[cni]\nbin_dirs = ["{bindir}", "/usr/lib/cni"]\n'))
+    node.restart()
+    return plugin
+
+
 def host_local_leases(node: Node) -> list[str]:
     d = node.tmp / "ipam"
     return [p.name for p in d.rglob("*") if p.name[0].isdigit()] if d.exists() else []
@@ -161,18 +178,10 @@ def test_shared_pid_namespace_sees_infra_as_pid1(node: Node) -> None:
 
 
 def test_failing_cni_plugin_leaves_nothing(node: Node) -> None:
-    bad = node.tmp / "cni-bin"
-    bad.mkdir()
-    plugin = bad / "failer"
-    plugin.write_text('#!/bin/sh\necho \'{"cniVersion":"1.0.0","code":7,"msg":"boom"}\'\nexit 1\n')
-    plugin.chmod(0o755)
-    net_d = node.tmp / "net.d"
-    (net_d / "10-e2e.conflist").write_text(
-        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": "failer"}]))
-    cfg = node.proc.config
-    cfg.write_text(cfg.read_text().replace(
-        "[cni]\n", f'[cni]\nbin_dirs = ["{bad}", "/usr/lib/cni"]\n'))
-    node.restart()
+    plugin = chain_test_plugin(
+        node, "failer",
+        '#!/bin/sh\necho \'{"cniVersion":"1.0.0","code":7,"msg":"boom"}\'\nexit 1\n',
+    )
     with pytest.raises(grpc.RpcError) as e:
         node.run_pod("doomed")
     assert "boom" in (e.value.details() or "")
@@ -313,26 +322,17 @@ def test_container_of_host_network_pod_needs_no_options(node: Node) -> None:
 
 
 def test_crash_in_the_middle_of_run_pod_sandbox_leaks_nothing(node: Node) -> None:
-    bindir = node.tmp / "cni-bin"
-    bindir.mkdir()
     marker = node.tmp / "plugin-running"
-    plugin = bindir / "stall"
-    plugin.write_text(
+    chain_test_plugin(
+        node, "stall",
         "#!/usr/bin/env python3\n"
         "import json, os, sys, time\n"
         "conf = json.load(sys.stdin)\n"
         "if os.environ['CNI_COMMAND'] == 'ADD':\n"
         f"    open({str(marker)!r}, 'w').write(str(os.getpid()))\n"
         "    time.sleep(60)\n"
-        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n"
+        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n",
     )
-    plugin.chmod(0o755)
-    (node.tmp / "net.d" / "10-e2e.conflist").write_text(
-        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": "stall"}]))
-    cfg = node.proc.config
-    cfg.write_text(cfg.read_text().replace(
-        "[cni]\n", f'[cni]\nbin_dirs = ["{bindir}", "/usr/lib/cni"]\n'))
-    node.restart()
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(node.run_pod, "crashy")
         deadline = time.monotonic() + 20
@@ -358,24 +358,15 @@ def test_crash_in_the_middle_of_run_pod_sandbox_leaks_nothing(node: Node) -> Non
 
 
 def test_a_client_that_gives_up_does_not_leave_a_half_stopped_pod(node: Node) -> None:
-    bindir = node.tmp / "cni-bin"
-    bindir.mkdir()
-    plugin = bindir / "slowdel"
-    plugin.write_text(
+    chain_test_plugin(
+        node, "slowdel",
         "#!/usr/bin/env python3\n"
         "import json, os, sys, time\n"
         "conf = json.load(sys.stdin)\n"
         "if os.environ['CNI_COMMAND'] == 'DEL':\n"
         "    time.sleep(1.5)\n"
-        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n"
+        "print(json.dumps(conf.get('prevResult') or {'cniVersion': conf['cniVersion']}))\n",
     )
-    plugin.chmod(0o755)
-    (node.tmp / "net.d" / "10-e2e.conflist").write_text(
-        conflist(node.bridge, node.subnet, node.tmp / "ipam", [{"type": "slowdel"}]))
-    cfg = node.proc.config
-    cfg.write_text(cfg.read_text().replace(
-        "[cni]\n", f'[cni]\nbin_dirs = ["{bindir}", "/usr/lib/cni"]\n'))
-    node.restart()
     sid, _ = node.run_pod("impatient")
     netns = Path(f"/run/netns/pycri-{sid}")
     with pytest.raises(grpc.RpcError) as e:

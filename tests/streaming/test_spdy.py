@@ -6,6 +6,7 @@ import asyncio
 import json
 import struct
 import zlib
+from collections.abc import AsyncIterator
 
 import pytest
 
@@ -137,8 +138,9 @@ async def test_request_head_parsing() -> None:
         await http.read_request(bad)
 
 
-async def test_sessions_talk_to_each_other() -> None:
-    """Client and server sessions over a socket pair: open, data both ways, FIN, ping."""
+@pytest.fixture
+async def sessions() -> AsyncIterator[tuple[Session, Session]]:
+    """A client and a server session over a real loopback TCP connection."""
     accepted: asyncio.Queue[Session] = asyncio.Queue()
 
     async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -153,6 +155,15 @@ async def test_sessions_talk_to_each_other() -> None:
     client = Session(r, w, server=False)
     client.start()
     srv = await accepted.get()
+    yield client, srv
+    await client.close(linger=1)
+    await srv.close(linger=1)
+    server.close()
+
+
+async def test_sessions_talk_to_each_other(sessions: tuple[Session, Session]) -> None:
+    """Client and server sessions over a socket pair: open, data both ways, FIN, ping."""
+    client, srv = sessions
     stream = await client.open({"streamtype": ["stdin"]})
     incoming = await srv.accept()
     assert incoming is not None and incoming.header("StreamType") == "stdin"
@@ -164,9 +175,6 @@ async def test_sessions_talk_to_each_other() -> None:
     assert await stream.read_all() == b"back"
     await client.ping()
     await srv.ping()
-    await client.close(linger=1)
-    await srv.close(linger=1)
-    server.close()
 
 
 def test_oversized_frames_and_header_bombs_are_refused() -> None:
@@ -190,21 +198,10 @@ def test_resize_garbage_is_ignored_not_fatal() -> None:
     assert remotecommand.parse_sizes(buf) == [remotecommand.TerminalSize(90, 9)]
 
 
-async def test_a_slow_reader_pushes_back_instead_of_buffering() -> None:
-    accepted: asyncio.Queue[Session] = asyncio.Queue()
-
-    async def on_connect(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        s = Session(r, w, server=True)
-        s.start()
-        await accepted.put(s)
-        await s.closed.wait()
-
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    r, w = await asyncio.open_connection("127.0.0.1", port)
-    client = Session(r, w, server=False)
-    client.start()
-    srv = await accepted.get()
+async def test_a_slow_reader_pushes_back_instead_of_buffering(
+    sessions: tuple[Session, Session],
+) -> None:
+    client, srv = sessions
     stream = await client.open({"streamtype": ["stdin"]})
     incoming = await srv.accept()
     assert incoming is not None
@@ -216,6 +213,3 @@ async def test_a_slow_reader_pushes_back_instead_of_buffering() -> None:
     while total < 64 << 20:
         total += len(await incoming.read())
     await sender
-    await client.close(linger=1)
-    await srv.close(linger=1)
-    server.close()
