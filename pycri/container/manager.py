@@ -16,6 +16,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,18 @@ class ContainerManager:
 
     def lock(self, cid: str) -> asyncio.Lock:
         return self._locks.setdefault(cid, asyncio.Lock())
+
+    @contextlib.asynccontextmanager
+    async def _held(self, cid: str) -> AsyncIterator[Container | None]:
+        """The container under its lock, looked up again once the lock is held: a caller
+        that waited for it may find it removed (None) by the caller before it, and must
+        not act, or publish an event, for a stale copy."""
+        c = self.find(cid)
+        if c is None:
+            yield None
+            return
+        async with self.lock(c.id):
+            yield self.containers.get(c.id)
 
     def _save(self, c: Container) -> None:
         c.revision += 1
@@ -362,8 +375,9 @@ class ContainerManager:
     # -- start / stop / remove -------------------------------------------------------
 
     async def start(self, cid: str) -> None:
-        c = self.get(cid)
-        async with self.lock(c.id):
+        async with self._held(cid) as c:
+            if c is None:
+                raise NotFound(f"container {cid!r} not found")
             if c.state != pb.CONTAINER_CREATED:
                 state = pb.ContainerState.Name(c.state)
                 raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
@@ -389,11 +403,9 @@ class ContainerManager:
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
-        c = self.find(cid)
-        if c is None:
-            return
-        async with self.lock(c.id):
-            await self._stop_locked(c, timeout)
+        async with self._held(cid) as c:
+            if c is not None:
+                await self._stop_locked(c, timeout)
 
     async def _stop_locked(self, c: Container, timeout: int) -> None:
         if c.state not in RUNNING_STATES:
@@ -407,10 +419,9 @@ class ContainerManager:
             raise PycriError(f"container {c.id} did not exit after SIGKILL")
 
     async def remove(self, cid: str) -> None:
-        c = self.find(cid)
-        if c is None:
-            return
-        async with self.lock(c.id):
+        async with self._held(cid) as c:
+            if c is None:
+                return
             await self._remove_locked(c)
         self._locks.pop(c.id, None)
 
@@ -491,8 +502,9 @@ class ContainerManager:
         return {"info": json.dumps(info)}
 
     async def update_resources(self, cid: str, resources: pb.LinuxContainerResources) -> None:
-        c = self.get(cid)
-        async with self.lock(c.id):
+        async with self._held(cid) as c:
+            if c is None:
+                raise NotFound(f"container {cid!r} not found")
             if c.state not in RUNNING_STATES:
                 raise FailedPrecondition(f"container {c.id} is not running")
             await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))

@@ -146,6 +146,18 @@ class SandboxManager:
     def lock(self, sid: str) -> asyncio.Lock:
         return self._locks.setdefault(sid, asyncio.Lock())
 
+    @contextlib.asynccontextmanager
+    async def _held(self, sid: str) -> AsyncIterator[Sandbox | None]:
+        """The sandbox under its lock, looked up again once the lock is held: a caller
+        that waited for it may find it removed (None) by the caller before it, and must
+        not run the removal, or publish its events, again on a stale copy."""
+        sb = self.find(sid)
+        if sb is None:
+            yield None
+            return
+        async with self.lock(sb.id):
+            yield self.sandboxes.get(sb.id)
+
     def pod_dir(self, sid: str) -> Path:
         return self.pod_root / sid
 
@@ -338,11 +350,9 @@ class SandboxManager:
 
     async def stop(self, sid: str) -> None:
         """Stop containers and infra, tear the network down. Unknown IDs succeed."""
-        sb = self.find(sid)
-        if sb is None:
-            return
-        async with self.lock(sb.id):
-            await self._stop_locked(sb)
+        async with self._held(sid) as sb:
+            if sb is not None:
+                await self._stop_locked(sb)
 
     async def _stop_locked(self, sb: Sandbox) -> None:
         # NOTREADY first: no CreateContainer gets past its readiness check after this
@@ -369,10 +379,9 @@ class SandboxManager:
 
     async def remove(self, sid: str) -> None:
         """Stop if needed, then remove containers, infra, files and the record."""
-        sb = self.find(sid)
-        if sb is None:
-            return
-        async with self.lock(sb.id):
+        async with self._held(sid) as sb:
+            if sb is None:
+                return
             await self._stop_locked(sb)
             if self.containers is not None:
                 await self.containers.remove_all(sb.id)
