@@ -5,8 +5,11 @@ A foreground `runc exec` cannot be used: runc copies the process's stdio through
 own pipes and only returns once they reach EOF, so a background child left holding
 stdout (`sh -c 'sleep 100 & echo hi'`) keeps it, and the call, alive. conmon instead
 is the subreaper of the exec'd process, stops its I/O loop as soon as that process
-exits, drains what is buffered, and reports the exit code on the sync pipe. Output
-lands in a CRI-format log file (stdout and stderr tagged apart), read back capped.
+exits, and reports the exit code on the sync pipe. Its `passthrough` log driver hands
+the process our own stdout and stderr pipes: we keep the first bytes of each (capped
+so the response fits the kubelet's message limit) and drop the rest as it comes, so no
+output reaches the disk. A cancelled call kills what it started: it has nothing to
+finish.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import os
 import signal
 import tempfile
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,9 +31,14 @@ from pycri.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, 
 from pycri.monitor.conmon import DEFAULT_CONMON
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
 
-MAX_OUTPUT = 16 * 1024 * 1024
-# Bounds the temporary log file; output past the cap is dropped anyway.
-_LOG_SIZE_MAX = 4 * MAX_OUTPUT
+MAX_RESPONSE = 16 * 1024 * 1024  # what the kubelet accepts in one CRI message
+# ExecSyncResponse around the output: two length-delimited fields (a tag byte and a
+# length of at most 4 bytes, under 256 MiB) and exit_code (a tag, up to 10 bytes when
+# negative).
+_FRAMING = 2 * (1 + 4) + (1 + 10)
+MAX_OUTPUT = MAX_RESPONSE - _FRAMING  # stdout and stderr together
+_CHUNK = 1 << 16
+_DRAIN_MAX = 1 << 20  # past the largest pipe buffer a process can fill unread
 _REAP_TIMEOUT = 5.0
 
 
@@ -119,8 +128,7 @@ def _conmon_argv(conmon: str, runtime: OCIRuntime, cid: str, work: Path) -> list
         "--runtime", runtime.path,
         "--exec-process-spec", str(work / "process.json"),
         "--container-pidfile", str(work / "pid"),
-        "--log-path", f"k8s-file:{work / 'output.log'}",
-        "--log-size-max", str(_LOG_SIZE_MAX),
+        "--log-path", "passthrough",
         "--log-level", "error",
     ]  # fmt: skip
     for arg in runtime.global_args:
@@ -132,45 +140,82 @@ async def _run(
     conmon: str, runtime: OCIRuntime, cid: str, work: Path, limit: float | None, cap: int
 ) -> ExecResult:
     sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
+    out_r, out_w = os.pipe2(os.O_CLOEXEC)
+    err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
         proc = await asyncio.create_subprocess_exec(
             *_conmon_argv(conmon, runtime, cid, work),
             stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
             pass_fds=(sync_w,),
             env=dict(os.environ, _OCI_SYNCPIPE=str(sync_w)),
             cwd=work,
         )
     except BaseException:
-        os.close(sync_r)
+        for fd in (sync_r, out_r, err_r):
+            os.close(fd)
         raise
     finally:
-        os.close(sync_w)
+        for fd in (sync_w, out_w, err_w):
+            os.close(fd)
     reports = _SyncReader(sync_r)
+    stdout, stderr = _Capture(out_r, cap), _Capture(err_r, cap)
     timed_out = False
     try:
         try:
-            await asyncio.wait_for(reports.eof, limit)
+            await asyncio.wait_for(asyncio.shield(reports.eof), limit)
         except TimeoutError:
             timed_out = True
-            _kill_tree(work / "pid")
-        try:
-            await asyncio.wait_for(proc.wait(), _REAP_TIMEOUT)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await _finish(proc, work / "pid", kill=timed_out)
     except asyncio.CancelledError:
-        _kill_tree(work / "pid")
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+        await _uncancellable(_finish(proc, work / "pid", kill=True))
         raise
     finally:
         reports.close()
-    stdout, stderr = read_cri_log(work / "output.log", cap)
+        out, err = fit_output(stdout.drain(), stderr.drain(), cap)
     if timed_out:
-        raise ExecTimeout(f"command timed out after {limit:g}s and was killed", stdout, stderr)
-    return ExecResult(_exit_code(reports.messages, runtime, cid), stdout, stderr)
+        raise ExecTimeout(f"command timed out after {limit:g}s and was killed", out, err)
+    return ExecResult(_exit_code(reports.messages, runtime, cid), out, err)
+
+
+async def _finish(proc: asyncio.subprocess.Process, pid_file: Path, *, kill: bool) -> None:
+    """Wait for conmon to exit, killing the exec'd process first when asked to. Its pid
+    file appears only once the runtime has started it, so keep killing until conmon
+    (which exits as soon as its child has) is gone; conmon itself is killed last, so no
+    process it started is left unwatched."""
+    deadline = asyncio.get_running_loop().time() + _REAP_TIMEOUT
+    while proc.returncode is None and asyncio.get_running_loop().time() < deadline:
+        if kill:
+            _kill_tree(pid_file)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05 if kill else _REAP_TIMEOUT)
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        await proc.wait()
+
+
+async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:
+    """Run cleanup to its end even if the caller is cancelled again while it runs."""
+    task = asyncio.ensure_future(coro)
+    while not task.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(task)
+    task.result()
+
+
+def fit_output(stdout: bytes, stderr: bytes, budget: int) -> tuple[bytes, bytes]:
+    """The first bytes of each stream, `budget` bytes together at most: each stream is
+    sure of half, and what one of them does not use goes to the other."""
+    if len(stdout) + len(stderr) <= budget:
+        return stdout, stderr
+    half = budget // 2
+    if len(stdout) < half:
+        return stdout, stderr[: budget - len(stdout)]
+    if len(stderr) < half:
+        return stdout[: budget - len(stderr)], stderr
+    return stdout[:half], stderr[: budget - half]
 
 
 def _exit_code(messages: list[dict[str, Any]], runtime: OCIRuntime, cid: str) -> int:
@@ -222,21 +267,43 @@ class _SyncReader:
         os.close(self.fd)
 
 
-def read_cri_log(path: Path, cap: int) -> tuple[bytes, bytes]:
-    """Rebuild stdout and stderr from a CRI log (`F` ends a line, `P` does not), capped."""
-    streams = {b"stdout": bytearray(), b"stderr": bytearray()}
-    with contextlib.suppress(FileNotFoundError), open(path, "rb") as f:
-        for line in f:
-            parts = line.rstrip(b"\n").split(b" ", 3)
-            if len(parts) < 3 or parts[1] not in streams:
-                continue
-            buf = streams[parts[1]]
-            if len(buf) >= cap:
-                continue
-            buf += parts[3] if len(parts) == 4 else b""
-            if parts[2] == b"F":
-                buf += b"\n"
-            del buf[cap:]
-    return bytes(streams[b"stdout"]), bytes(streams[b"stderr"])
+class _Capture:
+    """Keep the first `cap` bytes written to a pipe; read and drop the rest, so the
+    command never blocks on a full pipe and its output never touches the disk."""
 
+    def __init__(self, fd: int, cap: int) -> None:
+        self.fd = fd
+        self.cap = cap
+        self.data = bytearray()
+        self.open = True
+        os.set_blocking(fd, False)
+        asyncio.get_running_loop().add_reader(fd, self._read)
 
+    def _read(self) -> int:
+        """Read once; the bytes read, 0 at EOF or when nothing is there yet."""
+        try:
+            chunk = os.read(self.fd, _CHUNK)
+        except BlockingIOError:
+            return 0
+        if not chunk:
+            self._close()
+            return 0
+        if (room := self.cap - len(self.data)) > 0:
+            self.data += chunk[:room]
+        return len(chunk)
+
+    def drain(self) -> bytes:
+        """What the pipe still holds, then close it. The exec'd process has exited, so
+        all it wrote is buffered; a background child may keep the pipe open (and
+        writing) forever, so stop at "nothing more now", after a pipe's worth at most."""
+        taken = 0
+        while self.open and taken < _DRAIN_MAX and (n := self._read()):
+            taken += n
+        self._close()
+        return bytes(self.data)
+
+    def _close(self) -> None:
+        if self.open:
+            asyncio.get_running_loop().remove_reader(self.fd)
+            os.close(self.fd)
+            self.open = False

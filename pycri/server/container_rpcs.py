@@ -148,7 +148,7 @@ class ContainerRPCs:
         await self.containers.reopen_log(request.container_id)
         return pb.ReopenContainerLogResponse()
 
-    @rpc
+    @rpc(shield=False)
     async def ExecSync(self, request: pb.ExecSyncRequest, context: Ctx) -> pb.ExecSyncResponse:
         result = await self.containers.exec_sync(
             request.container_id, list(request.cmd), int(request.timeout)

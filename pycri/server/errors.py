@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import grpc
 
@@ -40,13 +40,27 @@ def status_code(exc: errors.PycriError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-def rpc(fn: Handler[R]) -> Handler[R]:
+@overload
+def rpc(fn: Handler[R], /) -> Handler[R]: ...
+@overload
+def rpc(*, shield: bool) -> Callable[[Handler[R]], Handler[R]]: ...
+def rpc(
+    fn: Handler[R] | None = None, /, *, shield: bool = True
+) -> Handler[R] | Callable[[Handler[R]], Handler[R]]:
     """Wrap a servicer method: log it, map domain errors to status codes.
 
     The work runs shielded from the caller: a client that gives up (deadline, ^C)
     cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
-    would leave a lease, a mount or a process behind.
+    would leave a lease, a mount or a process behind. `@rpc(shield=False)` is for
+    calls with nothing to finish (ExecSync): the client's cancel reaches the work,
+    which undoes what it started.
     """
+    if fn is None:
+        return functools.partial(_wrap, shield=shield)
+    return _wrap(fn, shield=shield)
+
+
+def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -54,9 +68,9 @@ def rpc(fn: Handler[R]) -> Handler[R]:
         log.debug("%s %s", name, _short(request))
         work = asyncio.ensure_future(fn(self, request, context))
         try:
-            return await asyncio.shield(work)
+            return await (asyncio.shield(work) if shield else work)
         except asyncio.CancelledError:
-            if not work.done():
+            if shield and not work.done():
                 log.info("%s: the client went away; finishing the call anyway", name)
                 work.add_done_callback(functools.partial(_finished_alone, name))
             raise

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from pycri.errors import FailedPrecondition, NotFound
-from pycri.monitor.execsync import ExecTimeout, exec_sync
+from pycri.monitor.execsync import MAX_OUTPUT, ExecTimeout, exec_sync, fit_output
 from tests.monitor.ocibundle import Env
 from tests.monitor.test_conmon import Exits, run_container
 
@@ -65,3 +71,96 @@ async def test_exec_in_stopped_or_unknown_container(env: Env) -> None:
     with pytest.raises(NotFound):
         await exec_sync("nope", ["/bin/true"], runtime=env.runtime, timeout=5)
     await asyncio.sleep(0)
+
+
+@pytest.fixture
+def small_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A 2 MiB tmpfs as the temp dir: an exec must not need disk for its output."""
+    d = tmp_path / "small-tmp"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(d)], check=True)
+    monkeypatch.setattr(tempfile, "tempdir", str(d))
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def _busybox_times(n: int) -> bytes:
+    return Path("/usr/bin/busybox").read_bytes() * n
+
+
+async def test_huge_output_returns_its_first_bytes_without_disk(env: Env, small_tmp: Path) -> None:
+    """80 MB of output: the first MAX_OUTPUT bytes come back, not a tail, and the
+    2 MiB temp dir is enough."""
+    cid, _ = await run_container(env, "sleep 100")
+    r = await exec_sync(
+        cid, ["/bin/sh", "-c", "i=0; while [ $i -lt 40 ]; do cat /bin/busybox; i=$((i+1)); done"],
+        runtime=env.runtime, timeout=120,
+    )  # fmt: skip
+    assert r.exit_code == 0
+    assert len(r.stdout) == MAX_OUTPUT
+    assert r.stdout == _busybox_times(40)[:MAX_OUTPUT]
+    assert list(small_tmp.iterdir()) == []
+
+
+async def test_both_streams_full_share_the_cap_and_keep_the_exit_code(env: Env) -> None:
+    cid, _ = await run_container(env, "sleep 100")
+    r = await exec_sync(
+        cid, ["/bin/sh", "-c",
+              "i=0; while [ $i -lt 10 ]; do cat /bin/busybox; cat /bin/busybox >&2; "
+              "i=$((i+1)); done; exit 7"],
+        runtime=env.runtime, timeout=120,
+    )  # fmt: skip
+    assert r.exit_code == 7
+    assert len(r.stdout) + len(r.stderr) == MAX_OUTPUT
+    assert r.stdout == _busybox_times(10)[: len(r.stdout)]
+    assert r.stderr == _busybox_times(10)[: len(r.stderr)]
+
+
+def test_fit_output_gives_unused_share_to_the_other_stream() -> None:
+    assert fit_output(b"a" * 3, b"b" * 3, 10) == (b"a" * 3, b"b" * 3)
+    assert fit_output(b"a" * 2, b"b" * 20, 10) == (b"a" * 2, b"b" * 8)
+    assert fit_output(b"a" * 20, b"b" * 1, 10) == (b"a" * 9, b"b")
+    assert fit_output(b"a" * 20, b"b" * 20, 11) == (b"a" * 5, b"b" * 6)
+
+
+def _pids_with_cmdline(*needles: bytes) -> list[int]:
+    """Host pids whose command line contains every needle."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{d}/cmdline").read_bytes()
+            if all(n in cmd for n in needles):
+                out.append(int(d))
+    return out
+
+
+async def _gone(*needles: bytes, timeout: float = 10.0) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while (left := _pids_with_cmdline(*needles)) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    return left
+
+
+@pytest.mark.parametrize("after", [0.0, 0.02, 0.1, 0.3, "running"])
+async def test_cancelled_exec_kills_what_it_started(env: Env, after: float | str) -> None:
+    """Cancelled at any point (before the runtime ran it, or while it runs), the exec
+    leaves neither its process nor its conmon behind."""
+    cid, _ = await run_container(env, "sleep 100")
+    task = asyncio.ensure_future(exec_sync(cid, ["sleep", "1234"], runtime=env.runtime,
+                                           timeout=None))
+    if after == "running":
+        deadline = time.monotonic() + 20
+        while not _pids_with_cmdline(b"sleep\x001234") and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert _pids_with_cmdline(b"sleep\x001234"), "the exec never started"
+    else:
+        await asyncio.sleep(float(after))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await _gone(b"sleep\x001234") == []
+    assert await _gone(b"conmon", b"--exec", cid.encode()) == []
