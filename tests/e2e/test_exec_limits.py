@@ -14,7 +14,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
-MAX_RESPONSE = 16 * 1024 * 1024; MAX_OUTPUT = MAX_RESPONSE - 21
+from pycri.monitor.execsync import MAX_OUTPUT, MAX_RESPONSE
 from tests.e2e.conftest import Node
 
 pytestmark = pytest.mark.e2e
