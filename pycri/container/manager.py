@@ -38,6 +38,7 @@ from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import resolve_within
 from pycri.launcher import Launcher
+from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.oci import mounts, seccomp, spec
@@ -118,6 +119,7 @@ class ContainerManager:
         self.rro_root = Path(cfg.state) / "rro"
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
+        self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
 
     # -- lookup ------------------------------------------------------------------
 
@@ -426,6 +428,8 @@ class ContainerManager:
         self._locks.pop(c.id, None)
 
     async def _remove_locked(self, c: Container) -> None:
+        if (reaping := self._reaping.get(c.id)) is not None:
+            await asyncio.shield(reaping)
         # Decide on the runtime, not the record: after a failed start the record says
         # EXITED while `runc init` may still be there; kill it and record its exit first.
         if self.launcher.exit_code(c.id) is None and (
@@ -467,8 +471,23 @@ class ContainerManager:
         else:
             c.reason = "Completed" if code == 0 else "Error"
         self._save(c)
+        self._kill_leftovers(c)
         if oid not in self._starting:  # start() reports it after STARTED
             self._publish(c, events.STOPPED)
+
+    def _kill_leftovers(self, c: Container) -> None:
+        """The container is EXITED: nothing may run on in its cgroup (what it left in a
+        shared PID namespace, execs). A thread, as cgroupfs is blocking file I/O."""
+        if not c.cgroups_path or c.id in self._reaping:
+            return
+        task = asyncio.ensure_future(asyncio.to_thread(kill_leftovers, c.cgroups_path, c.id))
+        self._reaping[c.id] = task
+        task.add_done_callback(functools.partial(self._reaped, c.id))
+
+    def _reaped(self, cid: str, task: asyncio.Task[int]) -> None:
+        self._reaping.pop(cid, None)
+        if not task.cancelled() and (e := task.exception()) is not None:
+            log.warning("killing what container %s left running: %s", cid, e)
 
     # -- status / list / update / exec -------------------------------------------------
 
