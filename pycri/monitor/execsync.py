@@ -40,6 +40,7 @@ MAX_OUTPUT = MAX_RESPONSE - _FRAMING  # stdout and stderr together
 _CHUNK = 1 << 16
 _DRAIN_MAX = 1 << 20  # past the largest pipe buffer a process can fill unread
 _REAP_TIMEOUT = 5.0
+_ERROR_TAIL = 4096  # of stderr, for the message of a runtime that failed to exec
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ async def _run(
         out, err = fit_output(stdout.drain(), stderr.drain(), cap)
     if timed_out:
         raise ExecTimeout(f"command timed out after {limit:g}s and was killed", out, err)
-    return ExecResult(_exit_code(reports.messages, runtime, cid), out, err)
+    return ExecResult(_exit_code(reports.messages, runtime, cid, err), out, err)
 
 
 async def _finish(proc: asyncio.subprocess.Process, pid_file: Path, *, kill: bool) -> None:
@@ -218,9 +219,15 @@ def fit_output(stdout: bytes, stderr: bytes, budget: int) -> tuple[bytes, bytes]
     return stdout[:half], stderr[: budget - half]
 
 
-def _exit_code(messages: list[dict[str, Any]], runtime: OCIRuntime, cid: str) -> int:
-    """api v1 exec: first report is the pid (<= 0: runtime failed), the last the exit code."""
+def _exit_code(
+    messages: list[dict[str, Any]], runtime: OCIRuntime, cid: str, stderr: bytes
+) -> int:
+    """api v1 exec: first report is the pid (<= 0: runtime failed), the last the exit code.
+    A runtime that fails to start the process reports nothing: with the passthrough log
+    driver its error went to our stderr pipe instead."""
     if not messages:
+        if stderr.strip():
+            raise runtime_failure(runtime.name, "exec", cid, stderr[-_ERROR_TAIL:])
         raise OCIRuntimeError(runtime.name, "exec", cid, "conmon exited without a report")
     first = messages[0]
     if int(first.get("data", -1)) <= 0 or len(messages) < 2:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pycri.errors import FailedPrecondition, NotFound
+from pycri.errors import FailedPrecondition, NotFound, PycriError
 from pycri.monitor.execsync import MAX_OUTPUT, ExecTimeout, exec_sync, fit_output
 from tests.monitor.ocibundle import Env
 from tests.monitor.test_conmon import Exits, run_container
@@ -164,3 +164,11 @@ async def test_cancelled_exec_kills_what_it_started(env: Env, after: float | str
         await task
     assert await _gone(b"sleep\x001234") == []
     assert await _gone(b"conmon", b"--exec", cid.encode()) == []
+
+
+async def test_runtime_refusing_the_exec_says_why(env: Env) -> None:
+    cid, _ = await run_container(env, "sleep 100")
+    with pytest.raises(PycriError) as ei:
+        await exec_sync(cid, ["/nonexistent"], runtime=env.runtime, timeout=10)
+    assert "/nonexistent" in str(ei.value) and "no such file" in str(ei.value).lower()
+    assert "\n" not in str(ei.value)
