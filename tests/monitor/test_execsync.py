@@ -146,9 +146,14 @@ async def _gone(*needles: bytes, timeout: float = 10.0) -> list[int]:
 
 
 @pytest.mark.parametrize("after", [0.0, 0.02, 0.1, 0.3, "running"])
-async def test_cancelled_exec_kills_what_it_started(env: Env, after: float | str) -> None:
+async def test_cancelled_exec_kills_what_it_started(
+    env: Env, after: float | str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Cancelled at any point (before the runtime ran it, or while it runs), the exec
-    leaves neither its process nor its conmon behind."""
+    leaves neither its process, nor its conmon, nor its files behind."""
+    work = tmp_path / "exec-tmp"
+    work.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(work))
     cid, _ = await run_container(env, "sleep 100")
     task = asyncio.ensure_future(exec_sync(cid, ["sleep", "1234"], runtime=env.runtime,
                                            timeout=None))
@@ -164,6 +169,7 @@ async def test_cancelled_exec_kills_what_it_started(env: Env, after: float | str
         await task
     assert await _gone(b"sleep\x001234") == []
     assert await _gone(b"conmon", b"--exec", cid.encode()) == []
+    assert list(work.iterdir()) == []
 
 
 async def test_runtime_refusing_the_exec_says_why(env: Env) -> None:
