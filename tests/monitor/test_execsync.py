@@ -178,3 +178,17 @@ async def test_runtime_refusing_the_exec_says_why(env: Env) -> None:
         await exec_sync(cid, ["/nonexistent"], runtime=env.runtime, timeout=10)
     assert "/nonexistent" in str(ei.value) and "no such file" in str(ei.value).lower()
     assert "\n" not in str(ei.value)
+
+
+async def test_background_writer_does_not_hold_the_call(env: Env) -> None:
+    """A child left writing forever: the call ends with its parent, and the child dies
+    of SIGPIPE once the pipe is closed."""
+    cid, _ = await run_container(env, "sleep 100")
+    r = await exec_sync(
+        cid, ["/bin/sh", "-c", "(while :; do echo yyyyyyyy; done) & echo started"],
+        runtime=env.runtime, timeout=30,
+    )  # fmt: skip
+    assert r.exit_code == 0
+    assert b"started\n" in r.stdout
+    assert len(r.stdout) <= MAX_OUTPUT
+    assert await _gone(b"do echo yyyyyyyy; done") == []
