@@ -96,6 +96,7 @@ async def exec_sync(
     conmon: str = DEFAULT_CONMON,
 ) -> ExecResult:
     """Run `argv` in container `cid`; `process` defaults to the bundle's config.json one.
+    `max_output` bounds stdout and stderr together (shared as `fit_output` says).
 
     Raises NotFound (unknown container), FailedPrecondition (not running),
     ExecTimeout (killed at `timeout`; a `timeout` of None or <= 0 means none).
