@@ -30,8 +30,9 @@ _ROUND_PAUSE = 0.01
 _FREEZE_WAIT = 1.0
 
 
-def kill_leftovers(cgroups_path: str, owner: str, *, root: Path = CGROUP_ROOT,
-                   timeout: float = 10.0) -> int:
+def kill_leftovers(
+    cgroups_path: str, owner: str, *, root: Path = CGROUP_ROOT, timeout: float = 10.0
+) -> int:
     """SIGKILL every process in the cgroup until it is empty; how many were there.
 
     `owner` (the container ID) must name the cgroup's last component: a record with an
@@ -39,8 +40,9 @@ def kill_leftovers(cgroups_path: str, owner: str, *, root: Path = CGROUP_ROOT,
     """
     rel = relative_dir(cgroups_path)
     if not rel or owner not in Path(rel).name or ".." in Path(rel).parts:
-        log.warning("not killing leftovers of %s: cgroup path %r is not its own", owner,
-                    cgroups_path)
+        log.warning(
+            "not killing leftovers of %s: cgroup path %r is not its own", owner, cgroups_path
+        )
         return 0
     dirs = _hierarchy_dirs(root, rel)
     left = _procs(dirs)
@@ -52,8 +54,9 @@ def kill_leftovers(cgroups_path: str, owner: str, *, root: Path = CGROUP_ROOT,
     deadline = time.monotonic() + timeout
     while _procs(dirs):
         if time.monotonic() > deadline:
-            log.warning("cgroup of %s still holds %s after %ss", owner, sorted(_procs(dirs)),
-                        timeout)
+            log.warning(
+                "cgroup of %s still holds %s after %ss", owner, sorted(_procs(dirs)), timeout
+            )
             break
         with _frozen(root, rel, unified):
             for pid in _procs(dirs):
