@@ -76,3 +76,18 @@ def test_exec_running_when_its_container_exits_ends_killed(node: Node) -> None:
     with pytest.raises(grpc.RpcError) as e:
         node.exec(cid, "true")
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_exit_missed_while_down_still_kills_the_leftovers(node: Node) -> None:
+    sid, pod = _shared_pod(node, "missed")
+    cid = _run_shared(node, sid, pod, "c", ["sh", "-c", "sleep 778 & sleep 2"])
+    assert _wait(lambda: _pids(b"778")), "the background sleep never started"
+    node.cri.channel.close()
+    assert node.proc.stop() == 0
+    exit_file = node.tmp / "state" / "exits" / cid
+    assert _wait(exit_file.exists), "the container did not exit while pycri was down"
+    assert _pids(b"778"), "nothing was left over to kill"
+    node.proc.start()
+    node.cri = node.proc.client()
+    assert node.status(cid).state == pb.CONTAINER_EXITED
+    assert _wait(lambda: not _pids(b"778")), _pids(b"778")
