@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import os
 import signal
 import tempfile
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,9 @@ async def _run(
         for fd in (sync_w, out_w, err_w):
             os.close(fd)
     reports = _SyncReader(sync_r)
-    stdout, stderr = _Capture(out_r, cap), _Capture(err_r, cap)
+    output = OutputBudget(cap)
+    stdout = _Capture(out_r, functools.partial(output.add, 0))
+    stderr = _Capture(err_r, functools.partial(output.add, 1))
     timed_out = False
     try:
         try:
@@ -175,7 +178,9 @@ async def _run(
         raise
     finally:
         reports.close()
-        out, err = fit_output(stdout.drain(), stderr.drain(), cap)
+        stdout.drain()
+        stderr.drain()
+        out, err = output.result()
     if timed_out:
         raise ExecTimeout(f"command timed out after {limit:g}s and was killed", out, err)
     return ExecResult(_exit_code(reports.messages, runtime, cid, err), out, err)
@@ -207,17 +212,45 @@ async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:
     task.result()
 
 
+class OutputBudget:
+    """stdout and stderr as they arrive, each cut to the most `fit_output` could still
+    return of it: together they hold about `budget` bytes, never twice that."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.streams = (bytearray(), bytearray())
+
+    def add(self, index: int, chunk: bytes) -> None:
+        mine, other = self.streams[index], self.streams[1 - index]
+        if (room := self._limit(1 - index) - len(mine)) > 0:
+            mine += chunk[:room]
+        del other[self._limit(index) :]  # the other's room shrinks as this one grows
+
+    def _limit(self, other: int) -> int:
+        """The most fit_output can return of one stream, given what the `other` holds;
+        that only grows, so nothing cut now could be returned later."""
+        share = _shares(self.budget)[other]
+        return self.budget - min(len(self.streams[other]), share)
+
+    def result(self) -> tuple[bytes, bytes]:
+        return fit_output(bytes(self.streams[0]), bytes(self.streams[1]), self.budget)
+
+
+def _shares(budget: int) -> tuple[int, int]:
+    return budget // 2, budget - budget // 2
+
+
 def fit_output(stdout: bytes, stderr: bytes, budget: int) -> tuple[bytes, bytes]:
     """The first bytes of each stream, `budget` bytes together at most: each stream is
-    sure of half, and what one of them does not use goes to the other."""
+    sure of its half, and what one of them does not use goes to the other."""
     if len(stdout) + len(stderr) <= budget:
         return stdout, stderr
-    half = budget // 2
-    if len(stdout) < half:
+    out_share, err_share = _shares(budget)
+    if len(stdout) <= out_share:
         return stdout, stderr[: budget - len(stdout)]
-    if len(stderr) < half:
+    if len(stderr) <= err_share:
         return stdout[: budget - len(stderr)], stderr
-    return stdout[:half], stderr[: budget - half]
+    return stdout[:out_share], stderr[:err_share]
 
 
 def _exit_code(
@@ -276,13 +309,12 @@ class _SyncReader:
 
 
 class _Capture:
-    """Keep the first `cap` bytes written to a pipe; read and drop the rest, so the
-    command never blocks on a full pipe and its output never touches the disk."""
+    """Read a pipe to its end, handing each chunk to `sink` (which keeps what fits), so
+    the command never blocks on a full pipe and its output never touches the disk."""
 
-    def __init__(self, fd: int, cap: int) -> None:
+    def __init__(self, fd: int, sink: Callable[[bytes], None]) -> None:
         self.fd = fd
-        self.cap = cap
-        self.data = bytearray()
+        self.sink = sink
         self.open = True
         os.set_blocking(fd, False)
         asyncio.get_running_loop().add_reader(fd, self._read)
@@ -296,11 +328,10 @@ class _Capture:
         if not chunk:
             self._close()
             return 0
-        if (room := self.cap - len(self.data)) > 0:
-            self.data += chunk[:room]
+        self.sink(chunk)
         return len(chunk)
 
-    def drain(self) -> bytes:
+    def drain(self) -> None:
         """What the pipe still holds, then close it. The exec'd process has exited, so
         all it wrote is buffered; a background child may keep the pipe open (and
         writing) forever, so stop at "nothing more now", after a pipe's worth at most."""
@@ -308,7 +339,6 @@ class _Capture:
         while self.open and taken < _DRAIN_MAX and (n := self._read()):
             taken += n
         self._close()
-        return bytes(self.data)
 
     def _close(self) -> None:
         if self.open:

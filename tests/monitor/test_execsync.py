@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import subprocess
 import tempfile
 import time
@@ -14,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from pycri.errors import FailedPrecondition, NotFound, PycriError
-from pycri.monitor.execsync import MAX_OUTPUT, ExecTimeout, exec_sync, fit_output
+from pycri.monitor.execsync import (
+    MAX_OUTPUT,
+    ExecTimeout,
+    OutputBudget,
+    exec_sync,
+    fit_output,
+)
 from tests.monitor.ocibundle import Env
 from tests.monitor.test_conmon import Exits, run_container
 
@@ -116,6 +123,27 @@ async def test_both_streams_full_share_the_cap_and_keep_the_exit_code(env: Env) 
     assert len(r.stdout) + len(r.stderr) == MAX_OUTPUT
     assert r.stdout == _busybox_times(10)[: len(r.stdout)]
     assert r.stderr == _busybox_times(10)[: len(r.stderr)]
+
+
+def test_output_budget_keeps_what_fit_output_returns_and_no_more() -> None:
+    """Chunks of both streams in random order: the budget's answer equals fit_output of
+    everything (prefixes, filling the budget), while it never holds more than the
+    budget (plus one for odd sizes)."""
+    rng = random.Random(8)
+    for _ in range(300):
+        budget = rng.randrange(1, 64)
+        full = (bytearray(), bytearray())
+        kept = OutputBudget(budget)
+        for _ in range(rng.randrange(0, 20)):
+            i = rng.randrange(2)
+            chunk = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 30)))
+            full[i].extend(chunk)
+            kept.add(i, chunk)
+            assert sum(map(len, kept.streams)) <= budget + 1
+        out, err = fit_output(bytes(full[0]), bytes(full[1]), budget)
+        assert kept.result() == (out, err)
+        assert len(out) + len(err) == min(len(full[0]) + len(full[1]), budget)
+        assert bytes(full[0]).startswith(out) and bytes(full[1]).startswith(err)
 
 
 def test_fit_output_gives_unused_share_to_the_other_stream() -> None:
