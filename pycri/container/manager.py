@@ -40,7 +40,8 @@ from pycri.launcher import Launcher
 from pycri.monitor.execsync import ExecResult, exec_sync
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.oci import mounts, seccomp, spec
-from pycri.oci.users import UserRequest, resolve_user_in_rootfs
+from pycri.oci.rootfs import pin_mount_destinations
+from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
@@ -266,8 +267,11 @@ class ContainerManager:
             image = spec.ImageConfig.from_oci(image_config)
             c.stop_signal = image.stop_signal
             parse_signal(c.stop_signal)
-            doc = self._spec(c, sb, image, rootfs, volumes)
+            user, profile = await asyncio.to_thread(self._read_identity, c, image, rootfs)
+            doc = self._spec(c, sb, image, rootfs, volumes, user, profile)
             c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        async with step("checking the image's rootfs"):
+            await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
         async with step("creating the container"):
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -286,16 +290,13 @@ class ContainerManager:
         # staged copies would only keep the source's mount points busy (EBUSY on rmdir).
         self._unstage_recursive_readonly(c)
 
-    def _spec(
-        self,
-        c: Container,
-        sb: Sandbox,
-        image: spec.ImageConfig,
-        rootfs: Path,
-        volumes: dict[str, str],
-    ) -> dict[str, Any]:
-        config = c.config
-        sc = config.linux.security_context
+    @staticmethod
+    def _read_identity(
+        c: Container, image: spec.ImageConfig, rootfs: Path
+    ) -> tuple[ResolvedUser, dict[str, Any] | None]:
+        """The user from the image's passwd/group and the seccomp profile: file reads that
+        may block (a FIFO, a slow disk), so they run in a worker thread."""
+        sc = c.config.linux.security_context
         user = resolve_user_in_rootfs(
             str(rootfs),
             UserRequest(
@@ -307,10 +308,24 @@ class ContainerManager:
                 strict_groups=sc.supplemental_groups_policy == pb.SupplementalGroupsPolicy.Strict,
             ),
         )
-        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
         profile = seccomp.load_profile(
             sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path
         )
+        return user, profile
+
+    def _spec(
+        self,
+        c: Container,
+        sb: Sandbox,
+        image: spec.ImageConfig,
+        rootfs: Path,
+        volumes: dict[str, str],
+        user: ResolvedUser,
+        profile: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        config = c.config
+        sc = config.linux.security_context
+        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
         sources = dict(volumes)
         for m in config.mounts:
             if m.image.image:
