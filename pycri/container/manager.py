@@ -236,12 +236,7 @@ class ContainerManager:
         return sources
 
     def _unstage_recursive_readonly(self, c: Container) -> None:
-        """Detach every staged copy first; only then remove the (now empty) directory."""
-        d = self.rro_dir(c.id)
-        if d.exists():
-            for target in d.iterdir():
-                mounts.unstage(target)
-            d.rmdir()
+        mounts.unstage_all(self.rro_dir(c.id))
 
     async def _remove_image_volumes(self, c: Container) -> None:
         for _, key in c.image_volumes():
@@ -607,6 +602,10 @@ class ContainerManager:
     async def recover(self) -> None:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
+        # No create is in flight at start: any staged copy is a crash's leftover.
+        for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
+            log.info("removing recursive read-only copies left by a crash in %s", staging)
+            mounts.unstage_all(staging)
         for cid, rec in self.store.items(KIND):
             c = Container.from_record(cid, rec)
             self.containers[cid] = c

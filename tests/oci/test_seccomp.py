@@ -173,7 +173,7 @@ def _load_in_thread(path: Path) -> list[BaseException | dict[str, Any] | None]:
     def run() -> None:
         try:
             out.append(load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(path)), ""))
-        except BaseException as e:  # noqa: BLE001 - handed to the test
+        except BaseException as e:  # handed to the test
             out.append(e)
 
     t = threading.Thread(target=run, daemon=True)
