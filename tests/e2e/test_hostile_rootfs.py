@@ -155,3 +155,20 @@ def test_mount_destination_through_symlink_out_stays_in_rootfs(
     assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 0), st
     assert "from the volume" in Path(st.log_path).read_text()
     assert _snapshot(canary) == before
+
+
+def test_hostile_pause_image_is_refused(node: Node, hostile: dict[str, str],
+                                        canary: Path) -> None:
+    """A configured pause image is an image like any other: /dev to a host dir is refused
+    by RunPodSandbox, and the pod's steps are undone."""
+    before = _snapshot(canary)
+    cfg = node.proc.config
+    cfg.write_text(f'pause_image = "{hostile["dev-to-host"]}"\n' + cfg.read_text())
+    node.restart()
+    with pytest.raises(grpc.RpcError) as e:
+        node.run_pod("hostile-pause")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "the image's /dev is a symlink" in (e.value.details() or "")
+    assert _snapshot(canary) == before
+    assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+    assert not list((node.tmp / "root" / "snapshots").glob("*"))
