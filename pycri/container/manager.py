@@ -220,11 +220,11 @@ class ContainerManager:
     def rro_dir(self, cid: str) -> Path:
         return self.rro_root / cid
 
-    def _stage_recursive_readonly(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
+    def _stage_recursive_readonly(self, c: Container) -> dict[str, str]:
         """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key;
-        they live only until the runtime has bound them into the container."""
+        they live only until the runtime has bound them into the container. Runs in a
+        worker thread: stat and mount of a host path can block (a hung NFS server)."""
         sources: dict[str, str] = {}
-        undo.callback(self._unstage_recursive_readonly, c)
         for i, m in enumerate(c.config.mounts):
             if not m.recursive_read_only or m.image.image:
                 continue
@@ -257,7 +257,8 @@ class ContainerManager:
         async with step("mounting image volumes"):
             volumes = await self._mount_image_volumes(c, undo)
         async with step("staging recursive read-only mounts"):
-            volumes |= self._stage_recursive_readonly(c, undo)
+            undo.callback(self._unstage_recursive_readonly, c)
+            volumes |= await asyncio.to_thread(self._stage_recursive_readonly, c)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
             c.stop_signal = image.stop_signal
