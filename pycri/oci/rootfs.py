@@ -83,7 +83,7 @@ def _leaves(depth: int, target: str) -> bool:
 
 def _walk(root_fd: int, path: str, stop_at: frozenset[str]) -> tuple[Walk, int | None]:
     """Resolve `path` below `root_fd`; returns the walk and an O_PATH fd of what it found
-    (None when missing or covered), which the caller closes."""
+    (None when it is missing or the walk stopped early), which the caller closes."""
     names: list[str] = []
     fds: list[int] = []  # O_PATH fds of the directories in `names`
     pending = _parts(path)
@@ -92,7 +92,7 @@ def _walk(root_fd: int, path: str, stop_at: frozenset[str]) -> tuple[Walk, int |
     try:
         while pending:
             here = "/" + "/".join(names)
-            if here in stop_at and names:
+            if here in stop_at:
                 walk.covered = True
                 break
             name = pending.pop(0)
@@ -134,10 +134,8 @@ def _walk(root_fd: int, path: str, stop_at: frozenset[str]) -> tuple[Walk, int |
                 found = fds.pop()
                 walk.mode = os.fstat(found).st_mode
         here = "/" + "/".join(names)
-        walk.covered = walk.covered or (here in stop_at and bool(names))
+        walk.covered = walk.covered or here in stop_at
         walk.path = posixpath.normpath(posixpath.join(here, *pending))
-        if pending and not walk.covered:
-            walk.mode = 0
         return walk, found
     finally:
         for fd in fds:
@@ -213,16 +211,19 @@ def _needs_dir(mount: dict[str, Any]) -> bool:
 
 
 def _check_type(dest: str, walk: Walk, needs_dir: bool) -> None:
-    if not walk.mode or walk.covered:
+    """A directory for a directory; for a file, anything a runtime will not open (a
+    regular file, or a socket some images leave behind), never a device node or FIFO."""
+    mode = walk.mode
+    if not mode or walk.covered:
         return  # missing: the runtime creates it, inside the rootfs
-    if needs_dir and not stat.S_ISDIR(walk.mode):
+    if needs_dir and not stat.S_ISDIR(mode):
         raise InvalidArgument(
-            f"mount destination {dest} is a {kind(walk.mode)} in the image; "
+            f"mount destination {dest} is a {kind(mode)} in the image; "
             "the mount needs a directory there"
         )
-    if not needs_dir and not stat.S_ISREG(walk.mode):
+    if not needs_dir and not (stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
         raise InvalidArgument(
-            f"mount destination {dest} is a {kind(walk.mode)} in the image; "
+            f"mount destination {dest} is a {kind(mode)} in the image; "
             "the mount needs a regular file there"
         )
 

@@ -78,6 +78,10 @@ def hostile(registry: Registry, canary: Path,
         "passwd-fifo": _with({}, fifo_passwd),
         "passwd-huge": _with({}, images.file("etc/passwd", b"x" * (5 << 20))),
         "mount-dest-out": _with({}, images.symlink("var/out", str(canary))),
+        # Not hostile: what Debian and systemd images ship; must keep working.
+        "debian-like": _with({}, images.symlink("var/run", "/run"),
+                             images.symlink("etc/resolv.conf",
+                                            "../run/systemd/resolve/stub-resolv.conf")),
     }
     layout = tmp_path_factory.mktemp("hostile-layout")
     return {name: images.push_image(registry.addr, layout, f"hostile-{name}", "t", [s])
@@ -102,6 +106,13 @@ def _pod(node: Node, name: str, handler: str) -> tuple[str, pb.PodSandboxConfig]
     sid = node.cri.runtime.RunPodSandbox(
         pb.RunPodSandboxRequest(config=cfg, runtime_handler=handler)).pod_sandbox_id
     return sid, cfg
+
+
+def _wait_exited(node: Node, cid: str) -> pb.ContainerStatus:
+    deadline = time.monotonic() + 60
+    while node.status(cid).state != pb.CONTAINER_EXITED and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return node.status(cid)
 
 
 def _pull(node: Node, ref: str) -> None:
@@ -148,13 +159,40 @@ def test_mount_destination_through_symlink_out_stays_in_rootfs(
         pb.CreateContainerRequest(pod_sandbox_id=sid, config=cfg, sandbox_config=pod)
     ).container_id
     node.cri.runtime.StartContainer(pb.StartContainerRequest(container_id=cid))
-    deadline = time.monotonic() + 60
-    while node.status(cid).state != pb.CONTAINER_EXITED and time.monotonic() < deadline:
-        time.sleep(0.1)
-    st = node.status(cid)
+    st = _wait_exited(node, cid)
     assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 0), st
     assert "from the volume" in Path(st.log_path).read_text()
     assert _snapshot(canary) == before
+
+
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_symlinks_inside_the_image_keep_working(
+    node: Node, hostile: dict[str, str], tmp_path: Path, handler: str
+) -> None:
+    """/var/run -> /run (absolute) and a relative /etc/resolv.conf link inside the image:
+    the volume and the pod's resolv.conf are mounted where the links lead."""
+    volume = tmp_path / "sa"
+    volume.mkdir()
+    (volume / "token").write_text("token-content\n")
+    _pull(node, hostile["debian-like"])
+    sid, pod = _pod(node, "debian", handler)
+    cfg = node.container_config(
+        "reader", ["sh", "-c", "cat /var/run/secrets/sa/token /run/secrets/sa/token "
+                   "/etc/resolv.conf"])
+    cfg.image.image = hostile["debian-like"]
+    cfg.mounts.append(pb.Mount(container_path="/var/run/secrets/sa", host_path=str(volume),
+                               readonly=True))
+    cid = node.cri.runtime.CreateContainer(
+        pb.CreateContainerRequest(pod_sandbox_id=sid, config=cfg, sandbox_config=pod)
+    ).container_id
+    node.cri.runtime.StartContainer(pb.StartContainerRequest(container_id=cid))
+    st = _wait_exited(node, cid)
+    assert (st.exit_code, st.reason) == (0, "Completed"), Path(st.log_path).read_text()
+    log = Path(st.log_path).read_text()
+    assert log.count("token-content") == 2
+    resolv = (node.tmp / "root" / "sandboxes" / sid / "resolv.conf").read_text()
+    for line in resolv.splitlines():
+        assert line in log
 
 
 def test_hostile_pause_image_is_refused(node: Node, hostile: dict[str, str],
