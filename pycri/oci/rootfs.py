@@ -142,18 +142,6 @@ def _walk(root_fd: int, path: str, stop_at: frozenset[str]) -> tuple[Walk, int |
             os.close(fd)
 
 
-def resolve(root: str, path: str) -> Walk:
-    """Where `path` leads inside `root`, symlinks resolved as if `root` were `/`."""
-    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        walk, fd = _walk(root_fd, path, frozenset())
-        if fd is not None:
-            os.close(fd)
-        return walk
-    finally:
-        os.close(root_fd)
-
-
 def read_file(root: str, path: str, max_bytes: int) -> bytes | None:
     """The content of a regular file of the image (None when it does not exist).
 

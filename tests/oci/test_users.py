@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from pycri.errors import InvalidArgument
-from pycri.oci import rootfs as rootfs_walk
 from pycri.oci.users import (
     ResolvedUser,
     UserRequest,
@@ -221,7 +220,6 @@ def test_symlinked_directory_component(rootfs: Path, tmp_path: Path) -> None:
     (rootfs / "real" / "group").write_text("g:x:9:\n")
     os.rename(rootfs / "etc", rootfs / "etc.old")
     os.symlink("/real", rootfs / "etc")
-    assert rootfs_walk.resolve(str(rootfs), "/etc/group").path == "/real/group"
     assert read_rootfs_file(str(rootfs), "/etc/group") == "g:x:9:\n"
 
 
