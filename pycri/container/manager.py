@@ -238,6 +238,12 @@ class ContainerManager:
     def _unstage_recursive_readonly(self, c: Container) -> None:
         mounts.unstage_all(self.rro_dir(c.id))
 
+    def _sweep_staging(self) -> None:
+        """At start no create is in flight: every staged copy is a crash's leftover."""
+        for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
+            log.info("removing recursive read-only copies left by a crash in %s", staging)
+            mounts.unstage_all(staging)
+
     async def _remove_image_volumes(self, c: Container) -> None:
         for _, key in c.image_volumes():
             await self.images.remove_view(key)
@@ -603,10 +609,7 @@ class ContainerManager:
     async def recover(self) -> None:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
-        # No create is in flight at start: any staged copy is a crash's leftover.
-        for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
-            log.info("removing recursive read-only copies left by a crash in %s", staging)
-            mounts.unstage_all(staging)
+        await asyncio.to_thread(self._sweep_staging)
         for cid, rec in self.store.items(KIND):
             c = Container.from_record(cid, rec)
             self.containers[cid] = c
