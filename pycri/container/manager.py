@@ -42,7 +42,8 @@ from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.oci import mounts, seccomp, spec
-from pycri.oci.users import UserRequest, resolve_user_in_rootfs
+from pycri.oci.rootfs import pin_mount_destinations
+from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
@@ -234,11 +235,11 @@ class ContainerManager:
     def rro_dir(self, cid: str) -> Path:
         return self.rro_root / cid
 
-    def _stage_recursive_readonly(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
+    def _stage_recursive_readonly(self, c: Container) -> dict[str, str]:
         """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key;
-        they live only until the runtime has bound them into the container."""
+        they live only until the runtime has bound them into the container. Runs in a
+        worker thread: stat and mount of a host path can block (a hung NFS server)."""
         sources: dict[str, str] = {}
-        undo.callback(self._unstage_recursive_readonly, c)
         for i, m in enumerate(c.config.mounts):
             if not m.recursive_read_only or m.image.image:
                 continue
@@ -250,12 +251,13 @@ class ContainerManager:
         return sources
 
     def _unstage_recursive_readonly(self, c: Container) -> None:
-        """Detach every staged copy first; only then remove the (now empty) directory."""
-        d = self.rro_dir(c.id)
-        if d.exists():
-            for target in d.iterdir():
-                mounts.unstage(target)
-            d.rmdir()
+        mounts.unstage_all(self.rro_dir(c.id))
+
+    def _sweep_staging(self) -> None:
+        """At start no create is in flight: every staged copy is a crash's leftover."""
+        for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
+            log.info("removing recursive read-only copies left by a crash in %s", staging)
+            mounts.unstage_all(staging)
 
     async def _remove_image_volumes(self, c: Container) -> None:
         for _, key in c.image_volumes():
@@ -276,13 +278,17 @@ class ContainerManager:
         async with step("mounting image volumes"):
             volumes = await self._mount_image_volumes(c, undo)
         async with step("staging recursive read-only mounts"):
-            volumes |= self._stage_recursive_readonly(c, undo)
+            undo.callback(self._unstage_recursive_readonly, c)
+            volumes |= await asyncio.to_thread(self._stage_recursive_readonly, c)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
             c.stop_signal = image.stop_signal
             parse_signal(c.stop_signal)
-            doc = self._spec(c, sb, image, rootfs, volumes)
+            user, profile = await asyncio.to_thread(self._read_identity, c, image, rootfs)
+            doc = self._spec(c, sb, image, rootfs, volumes, user, profile)
             c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        async with step("checking the image's rootfs"):
+            await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
         async with step("creating the container"):
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -301,16 +307,13 @@ class ContainerManager:
         # staged copies would only keep the source's mount points busy (EBUSY on rmdir).
         self._unstage_recursive_readonly(c)
 
-    def _spec(
-        self,
-        c: Container,
-        sb: Sandbox,
-        image: spec.ImageConfig,
-        rootfs: Path,
-        volumes: dict[str, str],
-    ) -> dict[str, Any]:
-        config = c.config
-        sc = config.linux.security_context
+    @staticmethod
+    def _read_identity(
+        c: Container, image: spec.ImageConfig, rootfs: Path
+    ) -> tuple[ResolvedUser, dict[str, Any] | None]:
+        """The user from the image's passwd/group and the seccomp profile: file reads that
+        may block (a FIFO, a slow disk), so they run in a worker thread."""
+        sc = c.config.linux.security_context
         user = resolve_user_in_rootfs(
             str(rootfs),
             UserRequest(
@@ -322,10 +325,24 @@ class ContainerManager:
                 strict_groups=sc.supplemental_groups_policy == pb.SupplementalGroupsPolicy.Strict,
             ),
         )
-        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
         profile = seccomp.load_profile(
             sc.seccomp if sc.HasField("seccomp") else None, sc.seccomp_profile_path
         )
+        return user, profile
+
+    def _spec(
+        self,
+        c: Container,
+        sb: Sandbox,
+        image: spec.ImageConfig,
+        rootfs: Path,
+        volumes: dict[str, str],
+        user: ResolvedUser,
+        profile: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        config = c.config
+        sc = config.linux.security_context
+        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
         sources = dict(volumes)
         for m in config.mounts:
             if m.image.image:
@@ -623,6 +640,7 @@ class ContainerManager:
     async def recover(self) -> None:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
+        await asyncio.to_thread(self._sweep_staging)
         for cid, rec in self.store.items(KIND):
             c = Container.from_record(cid, rec)
             self.containers[cid] = c

@@ -221,17 +221,38 @@ def recursive_readonly_supported() -> bool:
     return ret == 0 or ctypes.get_errno() != errno.ENOSYS
 
 
+def private_dirs(path: Path) -> None:
+    """Create `path` and its missing parents as 0700 directories.
+
+    A staged copy exposes a volume without the host directories that protected it
+    (a secret under a 0750 parent), so every directory above it must be root-only
+    from the moment it exists: mkdir(0700) (the umask can only take bits away),
+    never a chmod after the fact. Directories that exist already are left alone.
+    """
+    missing: list[Path] = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(d, 0o700)
+    if not path.is_dir() or path.is_symlink():
+        raise OSError(errno.ENOTDIR, f"staging directory {path} is not a directory")
+
+
 def stage_recursive_readonly(source: str, target: Path) -> None:
     """Bind `source` (with its submounts) at `target` and make every mount of it read-only.
 
     A bind of this copy keeps each submount's read-only flag, which is how a container
     gets a recursively read-only volume from runtimes that lack the `rro` option.
+    `target`'s parents are made root-only (see private_dirs).
     """
+    private_dirs(target.parent)
     if os.path.isdir(source):
-        target.mkdir(parents=True, exist_ok=True)
+        target.mkdir(mode=0o700)
     else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.touch()
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
     _check(_libc.mount(source.encode(), str(target).encode(), None, _MS_BIND | _MS_REC, None),
            f"bind {source} on {target}")
     try:
@@ -241,6 +262,19 @@ def stage_recursive_readonly(source: str, target: Path) -> None:
     except OSError:
         unstage(target)
         raise
+
+
+def unstage_all(staging: Path) -> None:
+    """Detach every staged copy in `staging`, then remove the (now empty) directory.
+
+    Only umount and rmdir/unlink: never a recursive delete, which would reach into a
+    copy that is still mounted and delete the host's files.
+    """
+    if not staging.is_dir():
+        return
+    for target in staging.iterdir():
+        unstage(target)
+    staging.rmdir()
 
 
 def unstage(target: Path) -> None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
+from pycri.oci import rootfs
 
 DEFAULT_PROFILE_PATH = Path(__file__).resolve().parents[2] / "bundles" / "seccomp-default.json"
 
@@ -44,14 +46,19 @@ def _validate(profile: Any, origin: str) -> dict[str, Any]:
 
 
 def read_profile(path: str | Path) -> dict[str, Any]:
-    """Load and sanity-check a profile file; any problem is InvalidArgument naming the path."""
+    """Load and sanity-check a profile file; any problem is InvalidArgument naming the path.
+
+    Only a regular file is read (a FIFO would block the reader until someone writes),
+    and at most _MAX_PROFILE_BYTES of it. Blocks on the filesystem: call in a thread.
+    """
     try:
-        with open(path, "rb") as f:
-            data = f.read(_MAX_PROFILE_BYTES + 1)
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            data = rootfs.read_regular(fd, f"seccomp profile {path}", _MAX_PROFILE_BYTES)
+        finally:
+            os.close(fd)
     except OSError as e:
         raise InvalidArgument(f"seccomp profile {path}: {e.strerror or e}") from None
-    if len(data) > _MAX_PROFILE_BYTES:
-        raise InvalidArgument(f"seccomp profile {path}: larger than {_MAX_PROFILE_BYTES} bytes")
     try:
         profile = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:

@@ -1,22 +1,20 @@
 """Resolve a container's uid, gid and groups from its rootfs's /etc/passwd and /etc/group.
 
 Parsing and resolution are pure so every USER form is unit-testable; the one I/O
-helper reads those files without letting a hostile image's symlinks reach the host.
+helper reads those files through rootfs.read_file, so a hostile image reaches nothing
+on the host.
 """
 
 from __future__ import annotations
 
-import errno
-import os
-import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from pycri.errors import InvalidArgument
+from pycri.oci import rootfs
 
 # A hostile image could ship a huge /etc/passwd; nothing legitimate comes close.
 MAX_FILE_BYTES = 4 << 20
-_MAX_SYMLINKS = 40
 
 
 @dataclass(frozen=True)
@@ -160,58 +158,14 @@ def resolve_user(req: UserRequest, passwd: str, group: str) -> ResolvedUser:
     )
 
 
-def resolve_in_root(root: str, path: str) -> str:
-    """Return `path` resolved as if `root` were `/`: symlinks (absolute or `..`) never leave it.
-
-    Missing components are allowed (the result then names a path that does not exist).
-    """
-    root = os.path.abspath(root)
-    pending = [p for p in path.split("/") if p]
-    resolved: list[str] = []
-    links = 0
-    while pending:
-        part = pending.pop(0)
-        if part == ".":
-            continue
-        if part == "..":
-            if resolved:
-                resolved.pop()
-            continue
-        candidate = os.path.join(root, *resolved, part)
-        try:
-            st = os.lstat(candidate)
-        except FileNotFoundError:
-            resolved.append(part)
-            continue
-        if not stat.S_ISLNK(st.st_mode):
-            resolved.append(part)
-            continue
-        links += 1
-        if links > _MAX_SYMLINKS:
-            raise OSError(errno.ELOOP, "too many symlinks", os.path.join("/", path))
-        target = os.readlink(candidate)
-        if target.startswith("/"):
-            resolved = []
-        pending = [p for p in target.split("/") if p] + pending
-    return os.path.join(root, *resolved)
-
-
 def read_rootfs_file(root: str, path: str) -> str:
-    """Read a small text file of the image (e.g. /etc/passwd); "" when it does not exist."""
-    host_path = resolve_in_root(root, path)
-    try:
-        fd = os.open(host_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
-        return ""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise InvalidArgument(f"{path} in the image is not a regular file")
-        data = os.read(fd, MAX_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise InvalidArgument(f"{path} in the image is larger than {MAX_FILE_BYTES} bytes")
-    return data.decode("utf-8", errors="replace")
+    """A small text file of the image (e.g. /etc/passwd); "" when it does not exist.
+
+    Reached by rootfs.read_file's walk, so symlinks stay inside the image and a device
+    node or FIFO in its place is refused without being opened. Blocks: call in a thread.
+    """
+    data = rootfs.read_file(root, path, MAX_FILE_BYTES)
+    return "" if data is None else data.decode("utf-8", errors="replace")
 
 
 def resolve_user_in_rootfs(root: str, req: UserRequest) -> ResolvedUser:

@@ -41,6 +41,7 @@ from pycri.network import (
 )
 from pycri.network.netns import NETNS_RUN_DIR
 from pycri.oci import seccomp, spec
+from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
 from pycri.sandbox import podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
@@ -258,7 +259,7 @@ class SandboxManager:
         else:
             rootfs.mkdir(exist_ok=True)
         async with step("starting the infra container"):
-            spec_doc = self._infra_spec(sb, rootfs, image)
+            spec_doc = await asyncio.to_thread(self._infra_spec, sb, rootfs, image)
             created = await self.launcher.create(
                 sb.id, spec_doc, sb.handler, state_dir / "infra.log"
             )
@@ -278,6 +279,7 @@ class SandboxManager:
     def _infra_spec(
         self, sb: Sandbox, rootfs: Path, image: spec.ImageConfig | None
     ) -> dict[str, Any]:
+        """Runs in a worker thread: it reads the seccomp profile and walks the pause rootfs."""
         config = sb.config
         sc = config.linux.security_context
         uid = sc.run_as_user.value if sc.HasField("run_as_user") else 0
@@ -299,7 +301,10 @@ class SandboxManager:
             min_oom_score_adj=self.min_oom_score_adj,
             available_capabilities=self.capabilities,
         )
-        return spec.sandbox_spec(config, ctx)
+        doc = spec.sandbox_spec(config, ctx)
+        if image is not None:  # a pause image is as untrusted as any other image
+            pin_mount_destinations(str(rootfs), doc)
+        return doc
 
     def pod_network(self, sb: Sandbox) -> PodNetwork:
         config = sb.config

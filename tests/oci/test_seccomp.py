@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +164,45 @@ def test_localhost_relative_path_rejected() -> None:
 def test_localhost_unreadable_directory(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match=str(tmp_path)):
         load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(tmp_path)), "")
+
+
+def _load_in_thread(path: Path) -> list[BaseException | dict[str, Any] | None]:
+    """Load a Localhost profile in a thread; [] if it still blocks after a generous wait."""
+    out: list[BaseException | dict[str, Any] | None] = []
+
+    def run() -> None:
+        try:
+            out.append(load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(path)), ""))
+        except BaseException as e:  # handed to the test
+            out.append(e)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(10)
+    return out
+
+
+def test_localhost_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    """Issue 8 defect 8: open() of a FIFO profile blocked until someone wrote to it."""
+    fifo = tmp_path / "profile.json"
+    os.mkfifo(fifo)
+    try:
+        out = _load_in_thread(fifo)
+    finally:  # release a blocked reader (before the fix), so the thread ends
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert out, "loading a FIFO profile blocked"
+    assert isinstance(out[0], InvalidArgument)
+    assert f"seccomp profile {fifo} is a FIFO, not a regular file" in str(out[0])
+
+
+def test_localhost_device_and_oversized_are_refused(tmp_path: Path) -> None:
+    dev = tmp_path / "dev.json"
+    os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero: endless
+    with pytest.raises(InvalidArgument, match="is a character device, not a regular file"):
+        load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(dev)), "")
+    big = tmp_path / "big.json"
+    with open(big, "wb") as f:
+        f.truncate((1 << 20) + 1)
+    with pytest.raises(InvalidArgument, match="larger than 1048576 bytes"):
+        load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(big)), "")
