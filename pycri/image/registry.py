@@ -124,6 +124,10 @@ class RegistryClient:
             except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
                 last = e
                 continue
+            except (httpx.InvalidURL, OverflowError) as e:  # e.g. a mirror's port 99999
+                raise errors.InvalidArgument(
+                    f"registry address {ep.api_host!r} is not usable: {e}"
+                ) from None
             self._scheme[ep.api_host] = scheme
             try:
                 yield resp
