@@ -125,6 +125,7 @@ class ImageManager:
             with contextlib.suppress(errors.InvalidArgument):
                 self._pinned.add(str(reference.parse(ref)))
         self._by_ref: dict[str, str] = {}
+        self._warned: set[str] = set()  # records already reported as unreadable
         self._reindex()
 
     @property
@@ -179,7 +180,9 @@ class ImageManager:
         try:
             kept = schema.parse_annotations(ann, f"image {iid}")
         except errors.InvalidArgument as e:
-            log.warning("%s; listing it without annotations", e)
+            if iid not in self._warned:  # once, not on every ListImages
+                self._warned.add(iid)
+                log.warning("%s; listing it without annotations", e)
             kept = {}
         return Image(
             id=iid, repo_tags=tags, repo_digests=digests,
@@ -426,6 +429,7 @@ class ImageManager:
         if iid is None:
             return
         self._store.delete(IMAGE, iid)
+        self._warned.discard(iid)
         self._reindex()
         await self._sweep()
 
