@@ -54,11 +54,11 @@ class ImagesConfig:
     pull_progress_timeout: float = 60.0
     max_concurrent_downloads: int = 3
     # Decompression bombs: a layer may unpack to at most ratio x its compressed size (but
-    # always to min_layer_unpacked_bytes), and never into the last reserve bytes of the
-    # image filesystem. Real layers expand 2-10x; gzip cannot exceed ~1030x.
+    # always to min_layer_unpacked_bytes). Real layers expand 2-10x; gzip cannot exceed
+    # ~1030x. No download or unpack goes into the last reserve bytes of the image fs.
     max_layer_expansion_ratio: float = 100.0
     min_layer_unpacked_bytes: int = 64 << 20
-    unpack_free_space_reserve: int = 256 << 20
+    free_space_reserve: int = 256 << 20
 
 
 @dataclass
@@ -176,7 +176,7 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
                 "max_layer_expansion_ratio"):
         if getattr(cfg.images, key) <= 0:
             raise ConfigError(f"images.{key}: must be positive")
-    for key in ("min_layer_unpacked_bytes", "unpack_free_space_reserve"):
+    for key in ("min_layer_unpacked_bytes", "free_space_reserve"):
         if getattr(cfg.images, key) < 0:
             raise ConfigError(f"images.{key}: must not be negative")
     if check_binaries:

@@ -332,6 +332,11 @@ class ImageManager:
 
     async def _download(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
                         size: int) -> None:
+        if size > self._free_space():
+            raise errors.ResourceExhausted(
+                f"blob {digest} of {size} bytes does not fit in the free space of {self.root} "
+                "(less images.free_space_reserve)"
+            )
         last: errors.PycriError | None = None
         async with self._sem:
             for ep in eps:
@@ -357,15 +362,19 @@ class ImageManager:
         await self._ensure_blob(eps, auth, layer.digest, layer.size)
         await self._shared("unpack:" + chain, lambda: self._unpack(layer, diff_id, chain))
 
+    def _free_space(self) -> int:
+        """Bytes pycri may still fill on the image filesystem (a reserve stays for others)."""
+        st = os.statvfs(self._tmp)
+        return max(st.f_bavail * st.f_frsize - self._cfg.free_space_reserve, 0)
+
     def _expansion_bound(self, compressed: int) -> Bound:
         """How much a layer of `compressed` bytes may unpack to (see ImagesConfig)."""
         cfg = self._cfg
         limit = max(int(compressed * cfg.max_layer_expansion_ratio), cfg.min_layer_unpacked_bytes)
-        st = os.statvfs(self._tmp)
-        free = st.f_bavail * st.f_frsize - cfg.unpack_free_space_reserve
+        free = self._free_space()
         if free < limit:
-            return Bound(max(free, 0), f"the free space of {self.root} less "
-                         "images.unpack_free_space_reserve", exhausted=True)
+            return Bound(free, f"the free space of {self.root} less "
+                         "images.free_space_reserve", exhausted=True)
         return Bound(limit, f"{cfg.max_layer_expansion_ratio:g} times its {compressed} "
                      "compressed bytes or images.min_layer_unpacked_bytes, whichever is more; "
                      "see images.max_layer_expansion_ratio")

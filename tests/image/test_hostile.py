@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -17,8 +18,10 @@ import pytest
 from pycri import errors
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc
+from pycri.image.content import ContentStore
 from pycri.image.manager import IMAGE, ImageManager, _first_error
 from pycri.image.unpack import unpack_layer
+from pycri.server.errors import status_code
 from pycri.server.image_service import ImageServicer
 from tests.image.conftest import Maker
 from tests.image.test_pull import _empty_state
@@ -27,7 +30,7 @@ from tests.lib.hostile import HostileRegistry
 
 # Small bounds so that bombs are refused after a few MiB (the defaults allow 64 MiB).
 BOUNDS = {"max_layer_expansion_ratio": 100.0, "min_layer_unpacked_bytes": 4 << 20,
-          "unpack_free_space_reserve": 0}
+          "free_space_reserve": 0}
 
 
 def make_canary(tmp_path: Path) -> Path:
@@ -50,28 +53,6 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, int, str]]:
     return out
 
 
-@pytest.mark.parametrize("name", hostile.NAMES)
-async def test_hostile_image(name: str, make_manager: Maker, hostile_registry: HostileRegistry,
-                             tmp_path: Path) -> None:
-    canary = make_canary(tmp_path)
-    before = snapshot(canary)
-    ref = hostile_registry.push("corpus", name, hostile.build(name, canary))
-    m = make_manager(**BOUNDS)
-    expect = hostile.EXPECT[name]
-    if expect is None:
-        iid = await m.pull(ref)
-        assert m.status(iid) is not None
-        await m.remove(iid)
-    else:
-        cls, pattern = expect
-        with pytest.raises(cls, match=pattern):
-            await m.pull(ref)
-    _empty_state(m)
-    assert snapshot(canary) == before
-
-
-# ---- records stored by an older pycri (which accepted hostile images) -------------------
-
 @contextlib.asynccontextmanager
 async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
     """The ImageService for `m` over real gRPC on a unix socket."""
@@ -86,6 +67,35 @@ async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.Image
         await channel.close(None)
         await server.stop(None)
 
+
+@pytest.mark.parametrize("name", hostile.NAMES)
+async def test_hostile_image(name: str, make_manager: Maker, hostile_registry: HostileRegistry,
+                             tmp_path: Path) -> None:
+    """Over gRPC: the pull gets the right code and an actionable message, the node's
+    image list still answers, nothing is stored, and the host canary is unchanged."""
+    canary = make_canary(tmp_path)
+    before = snapshot(canary)
+    ref = hostile_registry.push("corpus", name, hostile.build(name, canary))
+    m = make_manager(**BOUNDS)
+    expect = hostile.EXPECT[name]
+    async with serve(m, tmp_path / "img.sock") as stub:
+        pull = stub.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
+        if expect is None:
+            iid = (await pull).image_ref
+            assert [i.id for i in (await stub.ListImages(pb.ListImagesRequest())).images] == [iid]
+            await stub.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=iid)))
+        else:
+            cls, pattern = expect
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await pull
+            assert e.value.code() == status_code(cls("")), e.value.details()
+            assert re.search(pattern, e.value.details() or ""), e.value.details()
+        assert not (await stub.ListImages(pb.ListImagesRequest())).images
+    _empty_state(m)
+    assert snapshot(canary) == before
+
+
+# ---- records stored by an older pycri (which accepted hostile images) -------------------
 
 # What an older pycri stored for images it should have refused, or a damaged record.
 PLANTED: dict[str, dict[str, Any]] = {
@@ -173,18 +183,23 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-@pytest.mark.parametrize("size", ["600k", "2m"])
+@pytest.mark.parametrize(("size", "reserve", "full"), [
+    ("600k", 0, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
+    ("16m", 15 << 20, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
+    ("2m", 0, r"unpacks to more than \d+ bytes \(the free space of"),
+], ids=["blob-too-big", "blob-eats-reserve", "unpack-too-big"])
 async def test_disk_full_during_pull(small_fs: Callable[[str], Path], make_manager: Maker,
-                                     refs: dict[str, str], size: str) -> None:
-    """600k: the layer blob does not fit; 2m: the blob fits, its 2 MB unpacked do not."""
+                                     refs: dict[str, str], size: str, reserve: int,
+                                     full: str) -> None:
+    """The 1 MB layer blob does not fit (or would eat the reserve); or it fits and its 2 MB
+    unpacked do not."""
     root = small_fs(size)
-    m = make_manager(root=root / "root", unpack_free_space_reserve=0)
-    full = r"no space left on the image filesystem|the free space of"
+    m = make_manager(root=root / "root", free_space_reserve=reserve)
     with pytest.raises(errors.ResourceExhausted, match=full):
         await m.pull(refs["busybox"])
     _empty_state(m)
     # Space freed (here: a bigger disk), the same pull completes.
-    m2 = make_manager(root=small_fs("16m") / "root", unpack_free_space_reserve=0)
+    m2 = make_manager(root=small_fs("16m") / "root", free_space_reserve=0)
     assert await m2.pull(refs["busybox"])
 
 
@@ -198,6 +213,18 @@ def test_unpack_enospc_leaves_nothing(small_fs: Callable[[str], Path], tmp_path:
     with pytest.raises(errors.ResourceExhausted, match="no space left"):
         unpack_layer(blob, fs / "layer", fs / "tmp", images.sha(raw))
     assert list((fs / "tmp").iterdir()) == [] and not (fs / "layer").exists()
+
+
+def test_blob_enospc_leaves_nothing(small_fs: Callable[[str], Path]) -> None:
+    """The disk filling up under a blob download (the size check passed: a race)."""
+    store = ContentStore(small_fs("1m") / "content")
+    data = os.urandom(2 << 20)
+    w = store.writer(images.sha(data), len(data))
+    with pytest.raises(errors.ResourceExhausted, match="no space left"):
+        for i in range(0, len(data), 64 << 10):
+            w.write(data[i : i + (64 << 10)])
+    w.abort()
+    assert list(store.ingest.iterdir()) == [] and not store.has(images.sha(data))
 
 
 def test_first_error_unwraps_groups() -> None:
