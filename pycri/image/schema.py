@@ -24,6 +24,8 @@ MAX_CONFIG = 16 << 20
 # Manifest annotations are kept per image and sent in every ListImages answer, which
 # the kubelet caps at 16 MiB; bounding each image keeps a thousand images under that.
 MAX_ANNOTATIONS_BYTES = 16 << 10
+# overlayfs stacks at most 500 lower dirs (OVL_MAX_STACK); a read-only view adds two.
+MAX_LAYERS = 498
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,10 @@ def manifest(doc: Mapping[str, Any], what: str) -> Manifest:
         raise errors.InvalidArgument(
             f"{what}: image config of {config.size} bytes (limit {MAX_CONFIG})"
         )
+    if len(layers) > MAX_LAYERS:
+        raise errors.InvalidArgument(
+            f"{what}: {len(layers)} layers (overlayfs mounts at most {MAX_LAYERS})"
+        )
     descs = [descriptor(d, f"{what}: layer {i}") for i, d in enumerate(layers)]
     for i, d in enumerate(descs):
         if "encrypted" in d.media_type:
@@ -156,6 +162,13 @@ def image_config(doc: Mapping[str, Any], what: str, layers: int) -> list[str]:
     if doc.get("config") is not None and not isinstance(doc.get("config"), dict):
         raise errors.InvalidArgument(f"{what}: 'config' must be an object")
     inner = ImageConfig.from_oci({"config": doc.get("config")})  # what containers are made of
+    strings = {"Entrypoint": inner.entrypoint, "Cmd": inner.cmd, "Env": inner.env,
+               "WorkingDir": (inner.working_dir,), "User": (inner.user,),
+               "StopSignal": (inner.stop_signal,),
+               "Labels": (*inner.labels, *inner.labels.values())}
+    for key, values in strings.items():
+        if any("\x00" in v for v in values):  # no exec, path or env can carry one
+            raise errors.InvalidArgument(f"{what}: {key!r} contains a NUL byte")
     name, _, group = inner.user.partition(":")
     _check_id(name, "uid", what)
     _check_id(group, "gid", what)

@@ -88,6 +88,12 @@ def _huge_pax() -> HostileImage:
     return HostileImage([images.compress(raw, "gzip")], config_for([images.sha(raw)]))
 
 
+def _too_many_layers() -> HostileImage:
+    """More layers than overlayfs can stack (one small blob, listed 600 times)."""
+    raw = images.tar_bytes(_ok_layer())
+    return HostileImage([images.compress(raw, "gzip")] * 600, config_for([images.sha(raw)] * 600))
+
+
 def _with_config(**changes: Any) -> HostileImage:
     """The ok layer with its config changed: `config=None` drops a key, others replace."""
     raw = images.tar_bytes(_ok_layer())
@@ -135,6 +141,8 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
             rootfs={"type": "layers", "diff_ids": [1]}),
         "env-not-strings": lambda: _with_config(config={"Env": [1]}),
         "labels-not-strings": lambda: _with_config(config={"Labels": {"a": []}}),
+        "env-nul-byte": lambda: _with_config(config={"Env": ["A=b\x00c"]}),
+        "cmd-nul-byte": lambda: _with_config(config={"Cmd": ["/bin/sh\x00-c"]}),
         "config-not-json": lambda: HostileImage(
             _with_config().layers, b"{not json"),
         "config-array": lambda: HostileImage(_with_config().layers, b"[]"),
@@ -146,6 +154,7 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
         "layer-size-negative": lambda: _image(_ok_layer(), extra={"layers": [
             {"mediaType": images.MEDIA["gzip"], "digest": "sha256:" + "2" * 64, "size": -1}]}),
         "config-descriptor-string": lambda: _image(_ok_layer(), extra={"config": "x"}),
+        "too-many-layers": _too_many_layers,
         "index-platform-not-object": lambda: _image(_ok_layer(), platform="linux/amd64"),
     }
 
@@ -173,6 +182,9 @@ EXPECT: dict[str, tuple[type[errors.PycriError], str] | None] = {
     "diff-ids-not-digests": (errors.InvalidArgument, r"'diff_ids' must be a list of sha256"),
     "env-not-strings": (errors.InvalidArgument, r"'Env' must be a list of strings"),
     "labels-not-strings": (errors.InvalidArgument, r"'Labels' must map strings to strings"),
+    "env-nul-byte": (errors.InvalidArgument, r"'Env' contains a NUL byte"),
+    "cmd-nul-byte": (errors.InvalidArgument, r"'Cmd' contains a NUL byte"),
+    "too-many-layers": (errors.InvalidArgument, r"600 layers \(overlayfs mounts at most"),
     "config-not-json": (errors.InvalidArgument, r"image config: not valid JSON"),
     "config-array": (errors.InvalidArgument, r"image config: not a JSON object"),
     "annotations-not-strings": (errors.InvalidArgument, r"'annotations' must map strings"),
@@ -243,10 +255,11 @@ class HostileRegistry(_FrontBase):
     def push(self, repo: str, tag: str, img: HostileImage) -> str:
         """Push `img` as `repo:tag`; returns the reference to pull it through this front."""
         cfg = img.config if isinstance(img.config, bytes) else json.dumps(img.config).encode()
+        descs = {layer: self._blob(repo, layer) for layer in set(img.layers)}
         manifest: dict[str, Any] = {
             "schemaVersion": 2, "mediaType": OCI_MANIFEST,
             "config": {"mediaType": OCI_CONFIG, **self._blob(repo, cfg)},
-            "layers": [{"mediaType": img.layer_media_type, **self._blob(repo, layer)}
+            "layers": [{"mediaType": img.layer_media_type, **descs[layer]}
                        for layer in img.layers],
             **img.extra,
         }
