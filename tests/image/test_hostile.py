@@ -33,26 +33,6 @@ BOUNDS = {"max_layer_expansion_ratio": 100.0, "min_layer_unpacked_bytes": 4 << 2
           "free_space_reserve": 0}
 
 
-def make_canary(tmp_path: Path) -> Path:
-    canary = tmp_path / "canary"
-    canary.mkdir(mode=0o755)
-    (canary / "secret").write_bytes(b"host secret\n")
-    os.chmod(canary / "secret", 0o600)
-    return canary
-
-
-def snapshot(root: Path) -> dict[str, tuple[int, int, int, str]]:
-    """Every entry under `root` (and root itself): mode, size, mtime and content hash."""
-    out = {}
-    for dirpath, dirs, files in os.walk(root):
-        for name in ["", *dirs, *files]:
-            p = Path(dirpath, name)
-            st = os.lstat(p)
-            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
-            out[str(p)] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
-    return out
-
-
 @contextlib.asynccontextmanager
 async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
     """The ImageService for `m` over real gRPC on a unix socket."""
@@ -73,8 +53,8 @@ async def test_hostile_image(name: str, make_manager: Maker, hostile_registry: H
                              tmp_path: Path) -> None:
     """Over gRPC: the pull gets the right code and an actionable message, the node's
     image list still answers, nothing is stored, and the host canary is unchanged."""
-    canary = make_canary(tmp_path)
-    before = snapshot(canary)
+    canary = hostile.make_canary(tmp_path)
+    before = hostile.snapshot(canary)
     ref = hostile_registry.push("corpus", name, hostile.build(name, canary))
     m = make_manager(**BOUNDS)
     expect = hostile.EXPECT[name]
@@ -92,21 +72,10 @@ async def test_hostile_image(name: str, make_manager: Maker, hostile_registry: H
             assert re.search(pattern, e.value.details() or ""), e.value.details()
         assert not (await stub.ListImages(pb.ListImagesRequest())).images
     _empty_state(m)
-    assert snapshot(canary) == before
+    assert hostile.snapshot(canary) == before
 
 
 # ---- records stored by an older pycri (which accepted hostile images) -------------------
-
-# What an older pycri stored for images it should have refused, or a damaged record.
-PLANTED: dict[str, dict[str, Any]] = {
-    "config-not-object": {"config": {"config": "x"}},
-    "uid-overflow": {"config": {"config": {"User": "99999999999999999999"}}},
-    "annotations-not-strings": {"annotations": {"a": 1}},
-    "annotations-not-object": {"annotations": "abc"},
-    "annotations-huge": {"annotations": {"a": "x" * (3800 << 10)}},
-    "fields-wrong-types": {"config": "x", "size": "big", "repo_digests": None, "blobs": 7},
-}
-
 
 async def test_planted_records_list_status_and_remove(make_manager: Maker, refs: dict[str, str],
                                                       tmp_path: Path) -> None:
@@ -115,7 +84,7 @@ async def test_planted_records_list_status_and_remove(make_manager: Maker, refs:
     base = m._store.get(IMAGE, good)
     assert base is not None
     planted = {}
-    for i, (name, change) in enumerate(sorted(PLANTED.items())):
+    for i, (name, change) in enumerate(sorted(hostile.PLANTED.items())):
         iid = "sha256:" + hashlib.sha256(name.encode()).hexdigest()
         tag = f"127.0.0.1:5000/planted/{name}:v{i}"
         m._store.put(IMAGE, iid, {**base, "id": iid, "repo_tags": [tag], "repo_digests": [],

@@ -9,6 +9,8 @@ config (a dict, or raw bytes) of the attack `name`; attacks that aim at the
 host aim at `canary`, a directory the test checks byte for byte afterwards.
 `EXPECT[name]` is what a pull of it must give: the error class and a regex its
 message must match, or None when the image is harmless and must pull.
+`make_canary` and `snapshot` give the canary and its byte-for-byte state;
+`PLANTED` holds record changes an older pycri stored for such images.
 
 Blobs and manifests go to the real registry; the few manifests it refuses to
 store (annotations that are not strings, say) are served by the front itself,
@@ -17,10 +19,12 @@ as a hostile registry would: the front forwards everything else upstream.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import io
 import json
+import os
 import tarfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -196,6 +200,37 @@ EXPECT: dict[str, tuple[type[errors.PycriError], str] | None] = {
     "index-platform-not-object": (errors.InvalidArgument, r"'platform' must be an object"),
 }
 NAMES = sorted(EXPECT)
+
+
+def make_canary(tmp_path: Path) -> Path:
+    canary = tmp_path / "canary"
+    canary.mkdir(mode=0o755)
+    (canary / "secret").write_bytes(b"host secret\n")
+    os.chmod(canary / "secret", 0o600)
+    return canary
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int, int, str]]:
+    """Every entry under `root` (and root itself): mode, size, mtime and content hash."""
+    out = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in ["", *dirs, *files]:
+            p = Path(dirpath, name)
+            st = os.lstat(p)
+            digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else ""
+            out[str(p)] = (st.st_mode, st.st_size, st.st_mtime_ns, digest)
+    return out
+
+
+# What an older pycri stored for images it should have refused, or a damaged record.
+PLANTED: dict[str, dict[str, Any]] = {
+    "config-not-object": {"config": {"config": "x"}},
+    "uid-overflow": {"config": {"config": {"User": "99999999999999999999"}}},
+    "annotations-not-strings": {"annotations": {"a": 1}},
+    "annotations-not-object": {"annotations": "abc"},
+    "annotations-huge": {"annotations": {"a": "x" * (3800 << 10)}},
+    "fields-wrong-types": {"config": "x", "size": "big", "repo_digests": None, "blobs": 7},
+}
 
 
 def build(name: str, canary: Path) -> HostileImage:
