@@ -91,12 +91,13 @@ def _first_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
 
 
 def _strings(rec: Record, key: str) -> builtins.list[str]:
-    """A list-of-strings field of a stored record; anything else reads as empty, so one
-    record written by an older pycri (or damaged) cannot break a list or a sweep."""
+    """A list-of-strings field of a stored record; anything else reads as empty, and
+    strings protobuf cannot carry are dropped, so one record written by an older pycri
+    (or damaged) cannot break a list or a sweep."""
     value = rec.get(key)
     if not isinstance(value, list):
         return []
-    return [v for v in value if isinstance(v, str)]
+    return [v for v in value if isinstance(v, str) and schema.is_text(v)]
 
 
 def _rmtrees(paths: Iterable[Path]) -> None:

@@ -89,6 +89,16 @@ def descriptor(d: Any, what: str) -> Descriptor:
     return Descriptor(digest, size, _string(d, "mediaType", what))
 
 
+def is_text(value: str) -> bool:
+    """True for text that can travel in a protobuf string and an argv: UTF-8, no NUL.
+    JSON's \\u escapes can spell both a NUL and a lone surrogate, which UTF-8 cannot."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in value
+
+
 def parse_annotations(value: Any, what: str) -> dict[str, str]:
     """String-to-string annotations within MAX_ANNOTATIONS_BYTES (refused over it: a
     subset would silently change what the image says about itself)."""
@@ -98,6 +108,8 @@ def parse_annotations(value: Any, what: str) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise errors.InvalidArgument(f"{what}: 'annotations' must map strings to strings")
+    if not all(is_text(k) and is_text(v) for k, v in value.items()):
+        raise errors.InvalidArgument(f"{what}: annotations hold a NUL byte or invalid UTF-8")
     total = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
     if total > MAX_ANNOTATIONS_BYTES:
         raise errors.InvalidArgument(
@@ -167,8 +179,8 @@ def image_config(doc: Mapping[str, Any], what: str, layers: int) -> list[str]:
                "StopSignal": (inner.stop_signal,),
                "Labels": (*inner.labels, *inner.labels.values())}
     for key, values in strings.items():
-        if any("\x00" in v for v in values):  # no exec, path or env can carry one
-            raise errors.InvalidArgument(f"{what}: {key!r} contains a NUL byte")
+        if not all(map(is_text, values)):
+            raise errors.InvalidArgument(f"{what}: {key!r} holds a NUL byte or invalid UTF-8")
     name, _, group = inner.user.partition(":")
     _check_id(name, "uid", what)
     _check_id(group, "gid", what)

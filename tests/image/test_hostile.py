@@ -113,6 +113,19 @@ async def test_planted_records_list_status_and_remove(make_manager: Maker, refs:
     assert m2.status(good) is not None and await m2.prepare_rootfs("c1", good)
 
 
+async def test_planted_names_protobuf_cannot_carry(make_manager: Maker, refs: dict[str, str],
+                                                   tmp_path: Path) -> None:
+    m = make_manager()
+    iid = await m.pull(refs["uid"])
+    rec = m._store.get(IMAGE, iid)
+    assert rec is not None
+    m._store.put(IMAGE, iid, {**rec, "repo_tags": [*rec["repo_tags"], "x\ud800", 5]})
+    m._reindex()
+    async with serve(m, tmp_path / "d.sock") as stub:
+        (img,) = (await stub.ListImages(pb.ListImagesRequest())).images
+    assert list(img.repo_tags) == [refs["uid"]]
+
+
 # ---- sizes, bounds and full disks ---------------------------------------------------------
 
 async def test_size_is_the_unpacked_size(make_manager: Maker, hostile_registry: HostileRegistry,

@@ -147,6 +147,7 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
         "labels-not-strings": lambda: _with_config(config={"Labels": {"a": []}}),
         "env-nul-byte": lambda: _with_config(config={"Env": ["A=b\x00c"]}),
         "cmd-nul-byte": lambda: _with_config(config={"Cmd": ["/bin/sh\x00-c"]}),
+        "workdir-surrogate": lambda: _with_config(config={"WorkingDir": "/\udcff"}),
         "config-not-json": lambda: HostileImage(
             _with_config().layers, b"{not json"),
         "config-array": lambda: HostileImage(_with_config().layers, b"[]"),
@@ -154,6 +155,8 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
         "annotations-not-strings": lambda: _image(_ok_layer(), annotations={"a": 1}),
         "annotations-not-object": lambda: _image(_ok_layer(), annotations="abc"),
         "annotations-huge": lambda: _image(_ok_layer(), annotations={"a": "x" * (200 << 10)}),
+        "annotations-surrogate": lambda: _image(_ok_layer(), annotations={"a": "\ud800"}),
+        "annotations-nul-byte": lambda: _image(_ok_layer(), annotations={"a\x00": "b"}),
         "layers-not-list": lambda: _image(_ok_layer(), extra={"layers": {"a": 1}}),
         "layer-size-negative": lambda: _image(_ok_layer(), extra={"layers": [
             {"mediaType": images.MEDIA["gzip"], "digest": "sha256:" + "2" * 64, "size": -1}]}),
@@ -186,8 +189,11 @@ EXPECT: dict[str, tuple[type[errors.PycriError], str] | None] = {
     "diff-ids-not-digests": (errors.InvalidArgument, r"'diff_ids' must be a list of sha256"),
     "env-not-strings": (errors.InvalidArgument, r"'Env' must be a list of strings"),
     "labels-not-strings": (errors.InvalidArgument, r"'Labels' must map strings to strings"),
-    "env-nul-byte": (errors.InvalidArgument, r"'Env' contains a NUL byte"),
-    "cmd-nul-byte": (errors.InvalidArgument, r"'Cmd' contains a NUL byte"),
+    "env-nul-byte": (errors.InvalidArgument, r"'Env' holds a NUL byte or invalid UTF-8"),
+    "cmd-nul-byte": (errors.InvalidArgument, r"'Cmd' holds a NUL byte or invalid UTF-8"),
+    "workdir-surrogate": (errors.InvalidArgument, r"'WorkingDir' holds a NUL byte or inv"),
+    "annotations-surrogate": (errors.InvalidArgument, r"annotations hold a NUL byte or inv"),
+    "annotations-nul-byte": (errors.InvalidArgument, r"annotations hold a NUL byte or inv"),
     "too-many-layers": (errors.InvalidArgument, r"600 layers \(overlayfs mounts at most"),
     "config-not-json": (errors.InvalidArgument, r"image config: not valid JSON"),
     "config-array": (errors.InvalidArgument, r"image config: not a JSON object"),
@@ -229,6 +235,7 @@ PLANTED: dict[str, dict[str, Any]] = {
     "annotations-not-strings": {"annotations": {"a": 1}},
     "annotations-not-object": {"annotations": "abc"},
     "annotations-huge": {"annotations": {"a": "x" * (3800 << 10)}},
+    "annotations-surrogate": {"annotations": {"a": "\ud800"}},
     "fields-wrong-types": {"config": "x", "size": "big", "repo_digests": None, "blobs": 7},
 }
 
