@@ -19,8 +19,9 @@ from pycri.image import reference
 from pycri.image.types import MAX_ID
 from pycri.oci.spec import ImageConfig
 
-# An image config is read whole, parsed and kept with the image record.
-MAX_CONFIG = 16 << 20
+# An image config is read whole, parsed and kept (in memory too) with the image record;
+# 4 MiB as in containers/image, where real configs with long histories stay far below.
+MAX_CONFIG = 4 << 20
 # Manifest annotations are kept per image and sent in every ListImages answer, which
 # the kubelet caps at 16 MiB; bounding each image keeps a thousand images under that.
 MAX_ANNOTATIONS_BYTES = 16 << 10
