@@ -13,6 +13,7 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.image.manager import IMAGE
 from pycri.store.db import Store
+from tests.conftest import PycriProcess, write_config
 from tests.e2e.conftest import Node
 from tests.lib import hostile
 from tests.lib.registry import Registry
@@ -72,3 +73,36 @@ def test_hostile_pulls_and_stored_records(node: Node, registry: Registry, tmp_pa
         assert hostile.snapshot(canary) == before
     finally:
         front.stop()
+
+
+def test_bombs_refused_with_configured_bounds(registry: Registry, tmp_path: Path) -> None:
+    """The bounds come from the daemon's TOML; a refused bomb leaves no byte on disk."""
+    (tmp_path / "net.d").mkdir()
+    config = write_config(tmp_path / "pycri.toml", (
+        f'[cni]\nconf_dir = "{tmp_path / "net.d"}"\ndefault_network = false\n'
+        f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
+        f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
+        "max_layer_expansion_ratio = 10.0\nmin_layer_unpacked_bytes = 4194304\n"
+        "free_space_reserve = 0\n"))
+    root = tmp_path / "root"
+    proc = PycriProcess(root=root, state=tmp_path / "state", socket=tmp_path / "state" / "s.sock",
+                        config=config, log=tmp_path / "pycri.log")
+    front = hostile.HostileRegistry(registry.addr)
+    front.start()
+    proc.start()
+    cri = proc.client()
+    try:
+        for name in ("gzip-bomb", "gzip-bomb-wrong-diff-id"):
+            ref = front.push("e2e-bombs", name, hostile.build(name, tmp_path))
+            with pytest.raises(grpc.RpcError) as e:
+                cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "unpacks to more than 4194304 bytes" in (e.value.details() or "")
+            assert not cri.image.ListImages(pb.ListImagesRequest()).images
+            assert list((root / "tmp").iterdir()) == [] and list((root / "layers").iterdir()) == []
+            (fs,) = cri.image.ImageFsInfo(pb.ImageFsInfoRequest()).image_filesystems
+            assert fs.used_bytes.value < 1 << 20  # no layer is accounted
+    finally:
+        cri.channel.close()
+        front.stop()
+        assert proc.stop() == 0, proc.log_text()[-3000:]
