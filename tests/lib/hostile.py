@@ -1,14 +1,17 @@
 """A corpus of hostile images, one per attack, and a registry that serves any of them.
 
-    img = hostile.build("symlink-escape", canary_dir)   # a HostileImage
-    reg = HostileRegistry(registry.addr).start()
-    ref = reg.push("evil", "symlink-escape", img)       # pull `ref` to be attacked
+    img = hostile.build("symlink-then-write", canary_dir)   # a HostileImage
+    reg = HostileRegistry(registry.addr)
+    reg.start()
+    ref = reg.push("evil", "symlink-then-write", img)       # pull `ref` to be attacked
 
 `build(name, canary)` returns the layers (blobs as sent on the wire) and the
 config (a dict, or raw bytes) of the attack `name`; attacks that aim at the
 host aim at `canary`, a directory the test checks byte for byte afterwards.
 `EXPECT[name]` is what a pull of it must give: the error class and a regex its
-message must match, or None when the image is harmless and must pull.
+message must match, or None when the pull must succeed (a harmless image, or
+one whose attack is on container creation: its own test says what must fail).
+To add an attack: one entry in `_attacks` and one in `EXPECT`.
 `make_canary` and `snapshot` give the canary and its byte-for-byte state;
 `PLANTED` holds record changes an older pycri stored for such images.
 
