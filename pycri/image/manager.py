@@ -333,7 +333,7 @@ class ImageManager:
 
     async def _download(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
                         size: int) -> None:
-        if size > self._free_space():
+        if size > await asyncio.to_thread(self._free_space):  # statvfs may block (NFS)
             raise errors.ResourceExhausted(
                 f"blob {digest} of {size} bytes does not fit in the free space of {self.root} "
                 "(less images.free_space_reserve)"
@@ -383,9 +383,9 @@ class ImageManager:
     async def _unpack(self, layer: schema.Descriptor, diff_id: str, chain: str) -> None:
         if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
             return
+        blob, dest = self.content.path(layer.digest), self._layers / chain
         used, inodes = await asyncio.to_thread(
-            unpack_layer, self.content.path(layer.digest), self._layers / chain, self._tmp,
-            diff_id, self._expansion_bound(layer.size),
+            lambda: unpack_layer(blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size))
         )
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
