@@ -236,21 +236,22 @@ class ImageManager:
             if schema.is_index(mtype, doc, (OCI_INDEX, DOCKER_LIST)):
                 mdigest = self._choose_platform(doc, r)
                 hold(mdigest)
-                self.content.put(top, data)
+                await asyncio.to_thread(self.content.put, top, data)
                 if self.content.has(mdigest):
-                    data = self.content.read(mdigest)
+                    data = await asyncio.to_thread(self.content.read, mdigest)
                 else:
                     data, _, _ = await self.client.manifest(ep, mdigest, auth, expected=mdigest)
                 what = f"manifest {mdigest} of {r}"
                 man = schema.manifest(schema.parse_json(data, what), what)
-                self.content.put(mdigest, data)
+                await asyncio.to_thread(self.content.put, mdigest, data)
             else:
                 man = schema.manifest(doc, f"manifest of {r}")
-                self.content.put(top, data)
+                await asyncio.to_thread(self.content.put, top, data)
             cdigest = man.config.digest
             hold(cdigest)
             await self._ensure_blob(eps, auth, cdigest, man.config.size)
-            config = schema.parse_json(self.content.read(cdigest), f"{r}: image config")
+            raw = await asyncio.to_thread(self.content.read, cdigest)  # up to 4 MiB from disk
+            config = schema.parse_json(raw, f"{r}: image config")
             diff_ids = schema.image_config(config, f"{r}: image config", len(man.layers))
             chains = chain_ids(diff_ids)
             for layer, chain in zip(man.layers, chains, strict=True):
