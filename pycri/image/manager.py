@@ -94,7 +94,7 @@ def _strings(rec: Record, key: str) -> builtins.list[str]:
     """A list-of-strings field of a stored record; anything else reads as empty, and
     strings protobuf cannot carry are dropped, so one record written by an older pycri
     (or damaged) cannot break a list or a sweep."""
-    value = rec.get(key)
+    value = rec.get(key) if isinstance(rec, dict) else None
     if not isinstance(value, list):
         return []
     return [v for v in value if isinstance(v, str) and schema.is_text(v)]
@@ -172,6 +172,7 @@ class ImageManager:
         """The CRI view of a record, built defensively: records are checked when pulled,
         but one stored by an older pycri may hold anything, and it must still be listed
         (so that it can be seen and removed) without breaking the others."""
+        rec = rec if isinstance(rec, dict) else {}
         config = rec.get("config")
         config = config if isinstance(config, dict) else {}
         uid, username = user_of(config)
@@ -206,7 +207,7 @@ class ImageManager:
     def image_config(self, image_id: str) -> dict[str, Any]:
         iid = self._resolve(image_id)
         rec = self._store.get(IMAGE, iid) if iid else None
-        if rec is None or not isinstance(rec.get("config"), dict):
+        if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
             raise errors.NotFound(f"image {image_id!r} not found (or stored unreadable)")
         config: dict[str, Any] = rec["config"]
         return config

@@ -113,17 +113,23 @@ async def test_planted_records_list_status_and_remove(make_manager: Maker, refs:
     assert m2.status(good) is not None and await m2.prepare_rootfs("c1", good)
 
 
-async def test_planted_names_protobuf_cannot_carry(make_manager: Maker, refs: dict[str, str],
+async def test_planted_names_and_records_of_any_shape(make_manager: Maker, refs: dict[str, str],
                                                    tmp_path: Path) -> None:
     m = make_manager()
     iid = await m.pull(refs["uid"])
     rec = m._store.get(IMAGE, iid)
     assert rec is not None
     m._store.put(IMAGE, iid, {**rec, "repo_tags": [*rec["repo_tags"], "x\ud800", 5]})
+    junk = "sha256:" + "e" * 64
+    m._store.put(IMAGE, junk, ["not", "a", "record"])  # type: ignore[arg-type]
     m._reindex()
     async with serve(m, tmp_path / "d.sock") as stub:
-        (img,) = (await stub.ListImages(pb.ListImagesRequest())).images
-    assert list(img.repo_tags) == [refs["uid"]]
+        by_id = {i.id: i for i in (await stub.ListImages(pb.ListImagesRequest())).images}
+        assert list(by_id[iid].repo_tags) == [refs["uid"]] and by_id.keys() == {iid, junk}
+        st = await stub.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=junk)))
+        assert st.image.id == junk
+        await stub.RemoveImage(pb.RemoveImageRequest(image=pb.ImageSpec(image=junk)))
+        assert [i.id for i in (await stub.ListImages(pb.ListImagesRequest())).images] == [iid]
 
 
 # ---- sizes, bounds and full disks ---------------------------------------------------------
