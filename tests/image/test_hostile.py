@@ -173,7 +173,7 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 
 @pytest.mark.parametrize(("size", "reserve", "full"), [
     ("600k", 0, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
-    ("16m", 15 << 20, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
+    ("16m", 31 << 19, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
     ("2m", 0, r"unpacks to more than \d+ bytes \(the free space of"),
 ], ids=["blob-too-big", "blob-eats-reserve", "unpack-too-big"])
 async def test_disk_full_during_pull(small_fs: Callable[[str], Path], make_manager: Maker,
