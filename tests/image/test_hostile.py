@@ -27,6 +27,7 @@ from tests.image.conftest import Maker
 from tests.image.test_pull import _empty_state
 from tests.lib import hostile, images
 from tests.lib.hostile import HostileRegistry
+from tests.lib.registry import Registry
 
 # Small bounds so that bombs are refused after a few MiB (the defaults allow 64 MiB).
 BOUNDS = {"max_layer_expansion_ratio": 100.0, "min_layer_unpacked_bytes": 4 << 20,
@@ -229,3 +230,25 @@ async def test_bad_registry_port_over_grpc(make_manager: Maker, tmp_path: Path) 
                 image=pb.ImageSpec(image="127.0.0.1:99999/busybox:latest")))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "port '99999' is not in 1-65535" in (e.value.details() or "")
+
+
+async def test_bad_port_in_registries_conf(make_manager: Maker, refs: dict[str, str],
+                                           registry: Registry, tmp_path: Path) -> None:
+    """A mirror at port 99999 is skipped for the next endpoint; a location there is a
+    clear InvalidArgument (both used to be INTERNAL: OverflowError from the socket)."""
+    (tmp_path / "registries.conf").write_text(f"""
+[[registry]]
+prefix = "{registry.addr}"
+location = "{registry.addr}"
+[[registry.mirror]]
+location = "127.0.0.1:99999"
+insecure = true
+[[registry]]
+prefix = "mirrored.test:1"
+location = "127.0.0.1:99999"
+insecure = true
+""")
+    m = make_manager()
+    assert await m.pull(refs["busybox"])
+    with pytest.raises(errors.InvalidArgument, match=r"'127\.0\.0\.1:99999' is not usable"):
+        await m.pull("mirrored.test:1/busybox:latest")
