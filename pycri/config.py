@@ -53,6 +53,12 @@ class ImagesConfig:
     # A pull that moves no byte for this long fails (the kubelet sets no deadline).
     pull_progress_timeout: float = 60.0
     max_concurrent_downloads: int = 3
+    # Decompression bombs: a layer may unpack to at most ratio x its compressed size (but
+    # always to min_layer_unpacked_bytes). Real layers expand 2-10x; gzip cannot exceed
+    # ~1030x. No download or unpack goes into the last reserve bytes of the image fs.
+    max_layer_expansion_ratio: float = 100.0
+    min_layer_unpacked_bytes: int = 64 << 20
+    free_space_reserve: int = 256 << 20
 
 
 @dataclass
@@ -166,9 +172,13 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"runtimes.{name}.path: must be set")
     if cfg.images.max_concurrent_downloads < 1:
         raise ConfigError("images.max_concurrent_downloads: must be at least 1")
-    for key in ("connect_timeout", "read_timeout", "pull_progress_timeout"):
+    for key in ("connect_timeout", "read_timeout", "pull_progress_timeout",
+                "max_layer_expansion_ratio"):
         if getattr(cfg.images, key) <= 0:
             raise ConfigError(f"images.{key}: must be positive")
+    for key in ("min_layer_unpacked_bytes", "free_space_reserve"):
+        if getattr(cfg.images, key) < 0:
+            raise ConfigError(f"images.{key}: must not be negative")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.

@@ -24,6 +24,10 @@ class FailedPrecondition(PycriError):
     """The request is well-formed but the object's state forbids it."""
 
 
+class ResourceExhausted(PycriError):
+    """The node ran out of something the request needs (disk space, a bounded budget)."""
+
+
 class Unavailable(PycriError):
     """A dependency (registry, CNI, runtime) could not be reached in time."""
 

@@ -81,6 +81,21 @@ def test_only_the_default_handler_must_be_installed() -> None:
     validate(cfg)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[images]\nmax_layer_expansion_ratio = 0\n", "images.max_layer_expansion_ratio: must be"),
+        ("[images]\nmin_layer_unpacked_bytes = -1\n", "images.min_layer_unpacked_bytes: must not"),
+        ("[images]\nfree_space_reserve = -1\n", "images.free_space_reserve: must not be neg"),
+    ],
+)
+def test_image_bounds_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate(load(f), check_binaries=False)
+
+
 def test_explicit_config_file_must_exist(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not found"):
         load(tmp_path / "absent.toml")

@@ -8,11 +8,13 @@ files left by a crash are swept by `recover`.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pycri import errors
@@ -23,13 +25,26 @@ class DigestMismatch(errors.PycriError):
     """Content did not hash to the digest (or length) it was announced with."""
 
 
+@contextmanager
+def _disk(what: str) -> Iterator[None]:
+    """A full disk is the node's problem, not the image's: say so (ResourceExhausted)."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise errors.ResourceExhausted(f"{what}: no space left on the image filesystem") \
+                from None
+        raise
+
+
 class BlobWriter:
     """A temp file that hashes what is written and commits only if it verifies."""
 
     def __init__(self, path: Path, final: Path, digest: str, size: int | None) -> None:
         self.path, self._final, self.digest, self.size = path, final, digest, size
         self._hash = hashlib.sha256()
-        self._f = open(path, "xb")  # noqa: SIM115 - closed in commit/abort
+        with _disk(f"blob {digest}"):
+            self._f = open(path, "xb")  # noqa: SIM115 - closed in commit/abort
         self.written = 0
 
     def write(self, data: bytes) -> None:
@@ -37,10 +52,12 @@ class BlobWriter:
         if self.size is not None and self.written > self.size:
             raise DigestMismatch(f"blob {self.digest}: more than the expected {self.size} bytes")
         self._hash.update(data)
-        self._f.write(data)
+        with _disk(f"blob {self.digest}"):
+            self._f.write(data)
 
     def commit(self) -> Path:
-        self._f.close()
+        with _disk(f"blob {self.digest}"):
+            self._f.close()
         if self.size is not None and self.written != self.size:
             raise DigestMismatch(
                 f"blob {self.digest}: got {self.written} bytes, expected {self.size}"
@@ -52,7 +69,8 @@ class BlobWriter:
         return self._final
 
     def abort(self) -> None:
-        self._f.close()
+        with contextlib.suppress(OSError):  # a full disk fails the flush; the file goes anyway
+            self._f.close()
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 

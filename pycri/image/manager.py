@@ -20,7 +20,6 @@ import builtins
 import contextlib
 import contextvars
 import hashlib
-import json
 import logging
 import os
 import platform
@@ -35,7 +34,7 @@ from typing import Any
 
 from pycri import errors, malloc
 from pycri.config import ImagesConfig
-from pycri.image import reference
+from pycri.image import reference, schema
 from pycri.image.auth import Auth
 from pycri.image.content import ContentStore
 from pycri.image.regconf import Endpoint, RegistriesConf
@@ -47,12 +46,10 @@ from pycri.image.registry import (
 )
 from pycri.image.snapshots import Snapshotter, _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
-from pycri.image.unpack import disk_usage, unpack_layer
+from pycri.image.unpack import Bound, disk_usage, unpack_layer
 from pycri.store.db import Record, Store
 
 log = logging.getLogger("pycri.image")
-# An image config is read whole, parsed and kept with the image record.
-MAX_CONFIG = 16 << 20
 
 IMAGE, LAYER, SNAPSHOT = "image", "image_layer", "image_snapshot"
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
@@ -79,23 +76,28 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
     return out
 
 
-def _json(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        raise errors.InvalidArgument(f"{what}: not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise errors.InvalidArgument(f"{what}: not a JSON object")
-    return obj
+def _first_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The error to report for a failed group of pull tasks: the first domain error
+    (its message says what is wrong with the image), else the first error at all."""
+    leaves: builtins.list[BaseException] = []
+    stack: builtins.list[BaseException] = [eg]
+    while stack:
+        e = stack.pop(0)
+        if isinstance(e, BaseExceptionGroup):
+            stack[:0] = e.exceptions
+        else:
+            leaves.append(e)
+    return next((e for e in leaves if isinstance(e, errors.PycriError)), leaves[0])
 
 
-def _descriptor(d: Any, what: str) -> tuple[str, int, str]:
-    if not isinstance(d, dict) or not reference.is_digest(str(d.get("digest", ""))):
-        raise errors.InvalidArgument(f"{what}: missing or unsupported digest")
-    size = d.get("size")
-    if not isinstance(size, int) or size < 0:
-        raise errors.InvalidArgument(f"{what}: bad size")
-    return d["digest"], size, str(d.get("mediaType", ""))
+def _strings(rec: Record, key: str) -> builtins.list[str]:
+    """A list-of-strings field of a stored record; anything else reads as empty, and
+    strings protobuf cannot carry are dropped, so one record written by an older pycri
+    (or damaged) cannot break a list or a sweep."""
+    value = rec.get(key) if isinstance(rec, dict) else None
+    if not isinstance(value, list):
+        return []
+    return [v for v in value if isinstance(v, str) and schema.is_text(v)]
 
 
 def _rmtrees(paths: Iterable[Path]) -> None:
@@ -124,6 +126,7 @@ class ImageManager:
             with contextlib.suppress(errors.InvalidArgument):
                 self._pinned.add(str(reference.parse(ref)))
         self._by_ref: dict[str, str] = {}
+        self._warned: set[str] = set()  # records already reported as unreadable
         self._reindex()
 
     @property
@@ -142,7 +145,7 @@ class ImageManager:
     def _reindex(self) -> None:
         by_ref: dict[str, str] = {}
         for iid, rec in self._store.items(IMAGE):
-            for r in rec["repo_tags"] + rec["repo_digests"]:
+            for r in _strings(rec, "repo_tags") + _strings(rec, "repo_digests"):
                 by_ref[r] = iid
         self._by_ref = by_ref
 
@@ -163,33 +166,49 @@ class ImageManager:
         return None
 
     def _in_use(self, image_id: str) -> bool:
-        return any(r["image_id"] == image_id for _, r in self._store.items(SNAPSHOT))
+        return any(r.get("image_id") == image_id for _, r in self._store.items(SNAPSHOT))
 
-    def _image(self, rec: Record) -> Image:
-        uid, username = user_of(rec["config"])
-        refs = {rec["id"], *rec["repo_tags"], *rec["repo_digests"]}
+    def _image(self, iid: str, rec: Record) -> Image:
+        """The CRI view of a record, built defensively: records are checked when pulled,
+        but one stored by an older pycri may hold anything, and it must still be listed
+        (so that it can be seen and removed) without breaking the others."""
+        rec = rec if isinstance(rec, dict) else {}
+        config = rec.get("config")
+        config = config if isinstance(config, dict) else {}
+        uid, username = user_of(config)
+        tags, digests = _strings(rec, "repo_tags"), _strings(rec, "repo_digests")
+        size = rec.get("size")
+        ann = rec.get("annotations")
+        try:
+            kept = schema.parse_annotations(ann, f"image {iid}")
+        except errors.InvalidArgument as e:
+            if iid not in self._warned:  # once, not on every ListImages
+                self._warned.add(iid)
+                log.warning("%s; listing it without annotations", e)
+            kept = {}
         return Image(
-            id=rec["id"], repo_tags=list(rec["repo_tags"]), repo_digests=list(rec["repo_digests"]),
-            size=rec["size"], uid=uid, username=username, pinned=bool(refs & self._pinned),
-            config=rec["config"], annotations=dict(rec.get("annotations", {})),
+            id=iid, repo_tags=tags, repo_digests=digests,
+            size=size if isinstance(size, int) and 0 <= size < 2**63 else 0,
+            uid=uid, username=username, pinned=bool({iid, *tags, *digests} & self._pinned),
+            config=config, annotations=kept,
         )
 
     def status(self, ref: str) -> Image | None:
         iid = self._resolve(ref)
         rec = self._store.get(IMAGE, iid) if iid else None
-        return self._image(rec) if rec else None
+        return self._image(iid, rec) if iid and rec else None
 
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:
             img = self.status(ref)
             return [img] if img else []
-        return [self._image(r) for _, r in self._store.items(IMAGE)]
+        return [self._image(iid, r) for iid, r in self._store.items(IMAGE)]
 
     def image_config(self, image_id: str) -> dict[str, Any]:
         iid = self._resolve(image_id)
         rec = self._store.get(IMAGE, iid) if iid else None
-        if rec is None:
-            raise errors.NotFound(f"image {image_id!r} not found")
+        if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
+            raise errors.NotFound(f"image {image_id!r} not found (or stored unreadable)")
         config: dict[str, Any] = rec["config"]
         return config
 
@@ -213,47 +232,41 @@ class ImageManager:
         try:
             data, mtype, top, ep = await self._top_manifest(endpoints, r, auth)
             hold(top)
-            self.content.put(top, data)
             eps = [ep] + [e for e in endpoints if e != ep]
-            manifest, mdigest = _json(data, f"manifest of {r}"), top
-            if mtype in (OCI_INDEX, DOCKER_LIST) or "manifests" in manifest:
-                mdigest = self._choose_platform(manifest, r)
+            doc, mdigest = schema.parse_json(data, f"manifest of {r}"), top
+            if schema.is_index(mtype, doc, (OCI_INDEX, DOCKER_LIST)):
+                mdigest = self._choose_platform(doc, r)
                 hold(mdigest)
-                if not self.content.has(mdigest):
+                await asyncio.to_thread(self.content.put, top, data)
+                if self.content.has(mdigest):
+                    data = await asyncio.to_thread(self.content.read, mdigest)
+                else:
                     data, _, _ = await self.client.manifest(ep, mdigest, auth, expected=mdigest)
-                    self.content.put(mdigest, data)
-                manifest = _json(self.content.read(mdigest), f"manifest {mdigest} of {r}")
-            if manifest.get("schemaVersion") != 2 or not isinstance(manifest.get("layers"), list):
-                raise errors.InvalidArgument(f"{r}: unsupported manifest (schema 1 or unknown)")
-            cdigest, csize, _ = _descriptor(manifest.get("config"), f"{r}: config")
-            if csize > MAX_CONFIG:  # read whole and kept in memory: bound it like manifests
-                raise errors.InvalidArgument(
-                    f"{r}: image config of {csize} bytes (limit {MAX_CONFIG})"
-                )
+                what = f"manifest {mdigest} of {r}"
+                man = schema.manifest(schema.parse_json(data, what), what)
+                await asyncio.to_thread(self.content.put, mdigest, data)
+            else:
+                man = schema.manifest(doc, f"manifest of {r}")
+                await asyncio.to_thread(self.content.put, top, data)
+            cdigest = man.config.digest
             hold(cdigest)
-            await self._ensure_blob(eps, auth, cdigest, csize)
-            config = _json(self.content.read(cdigest), f"{r}: image config")
-            diff_ids = (config.get("rootfs") or {}).get("diff_ids") or []
-            layers = [_descriptor(d, f"{r}: layer {i}") for i, d in enumerate(manifest["layers"])]
-            if len(diff_ids) != len(layers) or not all(map(reference.is_digest, diff_ids)):
-                raise errors.InvalidArgument(f"{r}: config diff_ids do not match the layers")
+            await self._ensure_blob(eps, auth, cdigest, man.config.size)
+            raw = await asyncio.to_thread(self.content.read, cdigest)  # up to 4 MiB from disk
+            config = schema.parse_json(raw, f"{r}: image config")
+            diff_ids = schema.image_config(config, f"{r}: image config", len(man.layers))
             chains = chain_ids(diff_ids)
-            for (digest, _, mt), chain in zip(layers, chains, strict=True):
-                if "encrypted" in mt:
-                    raise errors.InvalidArgument(f"{r}: encrypted layers are not supported")
-                hold(digest)
+            for layer, chain in zip(man.layers, chains, strict=True):
+                hold(layer.digest)
                 hold(chain)
             async with asyncio.TaskGroup() as tg:
-                for (digest, size, _), diff, chain in zip(layers, diff_ids, chains, strict=True):
-                    tg.create_task(self._ensure_layer(eps, auth, digest, size, diff, chain))
-            blobs = [top, cdigest, *(d for d, _, _ in layers)]
+                for layer, diff, chain in zip(man.layers, diff_ids, chains, strict=True):
+                    tg.create_task(self._ensure_layer(eps, auth, layer, diff, chain))
+            blobs = [top, cdigest, *(d.digest for d in man.layers)]
             if mdigest != top:
                 blobs.insert(1, mdigest)
-            size = csize + sum(s for _, s, _ in layers)
-            iid = self._commit(r, top, cdigest, config, blobs, chains, size,
-                               manifest.get("annotations") or {})
-        except* errors.PycriError as eg:
-            raise eg.exceptions[0] from None
+            iid = self._commit(r, top, cdigest, config, blobs, chains, man.annotations)
+        except BaseExceptionGroup as eg:  # a layer task failed: report its error, not the group
+            raise _first_error(eg) from None
         finally:
             # Work shared with this pull goes on after a failure; let it settle first so
             # the sweep sees its results (each piece is bounded by the progress timeout).
@@ -287,15 +300,12 @@ class ImageManager:
     def _choose_platform(self, index: dict[str, Any], r: reference.Reference) -> str:
         os_, arch, variant = host_platform()
         best: tuple[int, str] | None = None
-        for i, m in enumerate(index.get("manifests") or []):
-            digest, _, _ = _descriptor(m, f"{r}: index entry {i}")
-            p = m.get("platform") or {}
-            if p.get("os") != os_ or p.get("architecture") != arch:
+        for d, p in schema.index_entries(index, f"{r}: index"):
+            if p.os != os_ or p.architecture != arch:
                 continue
-            v = p.get("variant", "")
-            score = 2 if v == variant else (1 if not v else 0)
+            score = 2 if p.variant == variant else (1 if not p.variant else 0)
             if score and (best is None or score > best[0]):
-                best = (score, digest)
+                best = (score, d.digest)
         if best is None:
             raise errors.NotFound(f"image {r}: no manifest for platform {os_}/{arch}")
         return best[1]
@@ -325,6 +335,11 @@ class ImageManager:
 
     async def _download(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
                         size: int) -> None:
+        if size > await asyncio.to_thread(self._free_space):  # statvfs may block (NFS)
+            raise errors.ResourceExhausted(
+                f"blob {digest} of {size} bytes does not fit in the free space of {self.root} "
+                "(less images.free_space_reserve)"
+            )
         last: errors.PycriError | None = None
         async with self._sem:
             for ep in eps:
@@ -333,6 +348,8 @@ class ImageManager:
                     await self.client.blob(ep, auth, w)
                     w.commit()
                     return
+                except errors.ResourceExhausted:
+                    raise  # our disk, not the registry: another mirror would not help
                 except errors.PycriError as e:
                     last = e
                     log.info("blob %s from %s failed: %s", digest, ep.api_host, e)
@@ -341,46 +358,74 @@ class ImageManager:
         assert last is not None
         raise last
 
-    async def _ensure_layer(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
-                            size: int, diff_id: str, chain: str) -> None:
+    async def _ensure_layer(self, eps: builtins.list[Endpoint], auth: Auth | None,
+                            layer: schema.Descriptor, diff_id: str, chain: str) -> None:
         if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
             return
-        await self._ensure_blob(eps, auth, digest, size)
-        await self._shared("unpack:" + chain, lambda: self._unpack(digest, diff_id, chain))
+        await self._ensure_blob(eps, auth, layer.digest, layer.size)
+        await self._shared("unpack:" + chain, lambda: self._unpack(layer, diff_id, chain))
 
-    async def _unpack(self, digest: str, diff_id: str, chain: str) -> None:
+    def _free_space(self) -> int:
+        """Bytes pycri may still fill on the image filesystem (a reserve stays for others)."""
+        st = os.statvfs(self._tmp)
+        return max(st.f_bavail * st.f_frsize - self._cfg.free_space_reserve, 0)
+
+    def _expansion_bound(self, compressed: int) -> Bound:
+        """How much a layer of `compressed` bytes may unpack to (see ImagesConfig)."""
+        cfg = self._cfg
+        limit = max(int(compressed * cfg.max_layer_expansion_ratio), cfg.min_layer_unpacked_bytes)
+        free = self._free_space()
+        if free < limit:
+            return Bound(free, f"the free space of {self.root} less "
+                         "images.free_space_reserve", exhausted=True)
+        return Bound(limit, f"{cfg.max_layer_expansion_ratio:g} times its {compressed} "
+                     "compressed bytes or images.min_layer_unpacked_bytes, whichever is more; "
+                     "see images.max_layer_expansion_ratio")
+
+    async def _unpack(self, layer: schema.Descriptor, diff_id: str, chain: str) -> None:
         if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
             return
+        blob, dest = self.content.path(layer.digest), self._layers / chain
         used, inodes = await asyncio.to_thread(
-            unpack_layer, self.content.path(digest), self._layers / chain, self._tmp, diff_id
+            lambda: unpack_layer(blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size))
         )
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
 
+    def _unpacked_size(self, chains: builtins.list[str]) -> int:
+        """Disk the image's layers take once unpacked: what it costs a node to hold it."""
+        total = 0
+        for chain in chains:
+            rec = self._store.get(LAYER, chain)
+            n = rec.get("bytes") if rec else None
+            total += n if isinstance(n, int) else 0
+        return total
+
     def _commit(self, r: reference.Reference, top: str, config_digest: str,
                 config: dict[str, Any], blobs: builtins.list[str],
-                chains: builtins.list[str], size: int, annotations: dict[str, str]) -> str:
+                chains: builtins.list[str], annotations: dict[str, str]) -> str:
         """Record the image and move its tag here from whichever image had it."""
         iid = config_digest
         tag = f"{r.repository}:{r.tag}" if r.digest is None else None
         dig = f"{r.repository}@{top}"
-        rec = self._store.get(IMAGE, iid)
-        if rec is None:
-            rec = {"id": iid, "repo_tags": [], "repo_digests": [], "blobs": [], "chain_ids": chains,
-                   "config": config, "size": size, "annotations": annotations}
-        else:
-            rec = dict(rec)
-        rec["blobs"] = sorted(set(rec["blobs"]) | set(blobs))
+        old = self._store.get(IMAGE, iid) or {}
+        # Rebuilt from what this pull verified; only names and blobs carry over.
+        rec: Record = {"id": iid, "repo_tags": _strings(old, "repo_tags"),
+               "repo_digests": _strings(old, "repo_digests"),
+               "blobs": sorted(set(_strings(old, "blobs")) | set(blobs)), "chain_ids": chains,
+               "config": config, "size": self._unpacked_size(chains), "annotations": annotations}
         if tag and tag not in rec["repo_tags"]:
             rec["repo_tags"] = [*rec["repo_tags"], tag]
         if dig not in rec["repo_digests"]:
             rec["repo_digests"] = [*rec["repo_digests"], dig]
         if tag:
             for oid, other in self._store.items(IMAGE):
-                if oid == iid or tag not in other["repo_tags"]:
+                tags = _strings(other, "repo_tags")
+                if oid == iid or tag not in tags:
                     continue
-                other = {**other, "repo_tags": [t for t in other["repo_tags"] if t != tag]}
-                if not other["repo_tags"] and not other["repo_digests"] and not self._in_use(oid):
+                other = {**other, "repo_tags": [t for t in tags if t != tag]}
+                if not other["repo_tags"] and not _strings(other, "repo_digests") \
+                        and not self._in_use(oid):
                     self._store.delete(IMAGE, oid)
                 else:
                     self._store.put(IMAGE, oid, other)
@@ -396,6 +441,7 @@ class ImageManager:
         if iid is None:
             return
         self._store.delete(IMAGE, iid)
+        self._warned.discard(iid)
         self._reindex()
         await self._sweep()
 
@@ -404,10 +450,10 @@ class ImageManager:
         blobs: set[str] = set(self._held)
         chains: set[str] = set(self._held)
         for _, rec in self._store.items(IMAGE):
-            blobs.update(rec["blobs"])
-            chains.update(rec["chain_ids"])
+            blobs.update(_strings(rec, "blobs"))
+            chains.update(_strings(rec, "chain_ids"))
         for _, rec in self._store.items(SNAPSHOT):
-            chains.update(rec["chain_ids"])
+            chains.update(_strings(rec, "chain_ids"))
         trash: builtins.list[Path] = []
         for digest in list(self.content.digests()):
             if digest not in blobs:
@@ -444,19 +490,19 @@ class ImageManager:
     async def _prepare(self, key: str, image_id: str, readonly: bool) -> Path:
         iid = self._resolve(image_id)
         rec = self._store.get(IMAGE, iid) if iid else None
-        if rec is None:
+        if rec is None or iid is None:
             raise errors.NotFound(f"image {image_id!r} not found")
         self.snapshots.dir(key)  # validates the key
         existing = self._store.get(SNAPSHOT, key)
         if existing is not None and (
-            existing["image_id"] != rec["id"] or existing.get("view", False) != readonly
+            existing["image_id"] != iid or existing.get("view", False) != readonly
         ):
             raise errors.AlreadyExists(f"snapshot {key!r} exists for image {existing['image_id']}")
-        chains = rec["chain_ids"]
+        chains = _strings(rec, "chain_ids")
         missing = [c for c in chains if self._store.get(LAYER, c) is None]
         if missing:
-            raise errors.FailedPrecondition(f"image {rec['id']}: layers missing, pull it again")
-        self._store.put(SNAPSHOT, key, {"image_id": rec["id"], "chain_ids": chains,
+            raise errors.FailedPrecondition(f"image {iid}: layers missing, pull it again")
+        self._store.put(SNAPSHOT, key, {"image_id": iid, "chain_ids": chains,
                                         "view": readonly})
         try:
             return await self.snapshots.prepare(key, chains, readonly=readonly)
@@ -480,7 +526,8 @@ class ImageManager:
             return
         self._store.delete(SNAPSHOT, key)
         img = self._store.get(IMAGE, rec["image_id"])
-        unnamed = img is not None and not img["repo_tags"] and not img["repo_digests"]
+        unnamed = img is not None and not _strings(img, "repo_tags") \
+            and not _strings(img, "repo_digests")
         if unnamed and not self._in_use(rec["image_id"]):
             self._store.delete(IMAGE, rec["image_id"])
             self._reindex()
@@ -528,7 +575,7 @@ class ImageManager:
         for iid, rec in self._store.items(IMAGE):
             # Only unpacked layers matter for running it: a layer blob may never have been
             # fetched (its chain was already unpacked for another image) or swept since.
-            broken = [c for c in rec["chain_ids"] if self._store.get(LAYER, c) is None]
+            broken = [c for c in _strings(rec, "chain_ids") if self._store.get(LAYER, c) is None]
             if broken:
                 log.warning("image %s lost content on disk (%s); dropping it", iid, broken[0])
                 self._store.delete(IMAGE, iid)

@@ -76,6 +76,12 @@ def parse(ref: str) -> Reference:
     domain, path = _split_domain(name)
     if not _DOMAIN.match(domain):
         raise errors.InvalidArgument(f"invalid image reference {ref!r}: bad registry {domain!r}")
+    if ":" in domain and not domain.endswith("]"):
+        port = domain.rpartition(":")[2]
+        if not port or not 0 < int(port) <= 65535:
+            raise errors.InvalidArgument(
+                f"invalid image reference {ref!r}: registry port {port!r} is not in 1-65535"
+            )
     if not path or not all(_COMPONENT.match(c) for c in path.split("/")):
         raise errors.InvalidArgument(
             f"invalid image reference {ref!r}: repository must be lowercase "

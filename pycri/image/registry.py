@@ -124,6 +124,12 @@ class RegistryClient:
             except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
                 last = e
                 continue
+            except Exception as e:
+                if _bad_address(e):
+                    raise errors.InvalidArgument(
+                        f"registry address {ep.api_host!r} is not usable: {_leaf(e)}"
+                    ) from None
+                raise
             self._scheme[ep.api_host] = scheme
             try:
                 yield resp
@@ -247,6 +253,26 @@ class RegistryClient:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
             raise errors.Unavailable(f"{what}: {e}") from None
+
+
+_BAD_ADDRESS = (httpx.InvalidURL, OverflowError)
+
+
+def _bad_address(e: BaseException) -> bool:
+    """An address no connection can be made to (a port over 65535 makes connect() raise
+    OverflowError), bare or inside the ExceptionGroup of anyio's connect task group."""
+    if isinstance(e, BaseExceptionGroup):
+        other = e.subgroup(
+            lambda x: not isinstance(x, BaseExceptionGroup) and not isinstance(x, _BAD_ADDRESS)
+        )
+        return other is None
+    return isinstance(e, _BAD_ADDRESS)
+
+
+def _leaf(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup):
+        e = e.exceptions[0]
+    return e
 
 
 def _basic_header(user: str, password: str) -> str:

@@ -5,12 +5,14 @@ hashing reader), so a layer is never held in memory. OCI whiteouts become
 overlayfs whiteouts. Every entry is placed by walking its parents with lstat,
 never following a symlink, so nothing can land outside the layer; anything
 that tries is refused, and since unpacking happens in a temp dir renamed into
-place at the end, a refused layer leaves nothing behind.
+place at the end, a refused layer leaves nothing behind. What a layer may
+write is bounded (a `Bound`), counted both as the decompressed stream and as
+the file sizes it declares, so a decompression bomb stops at the bound.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import gzip
 import hashlib
 import logging
@@ -20,6 +22,7 @@ import stat
 import tarfile
 import uuid
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -39,15 +42,36 @@ class HostileLayer(errors.InvalidArgument):
     """A layer entry would be written outside the layer or is otherwise unsafe."""
 
 
+@dataclass
+class Bound:
+    """At most `limit` bytes of unpacked content. `why` names the setting behind the
+    limit for the error message; `exhausted` says the limit is the disk's free space
+    (ResourceExhausted) rather than a bound on the layer itself (InvalidArgument)."""
+
+    limit: int
+    why: str
+    exhausted: bool = False
+    spent: int = field(default=0, init=False)
+
+    def spend(self, n: int, what: str) -> None:
+        self.spent += n
+        if self.spent > self.limit:
+            cls = errors.ResourceExhausted if self.exhausted else HostileLayer
+            raise cls(f"{what}: unpacks to more than {self.limit} bytes ({self.why})")
+
+
 class _HashingReader:
     """Hashes and counts everything read through it (the layer's diff ID)."""
 
-    def __init__(self, f: IO[bytes]) -> None:
+    def __init__(self, f: IO[bytes], bound: Bound, what: str) -> None:
         self._f = f
+        self._bound = bound
+        self._what = what
         self.hash = hashlib.sha256()
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
+        self._bound.spend(len(data), self._what)
         self.hash.update(data)
         return data
 
@@ -77,9 +101,12 @@ def _parts(name: str, what: str) -> list[str]:
 
 
 class _Extractor:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, bound: Bound, what: str) -> None:
         self.root = root
         self.dirs: list[tuple[Path, float]] = []
+        self._bound = bound
+        self._what = what
+        self._declared = Bound(bound.limit, bound.why, bound.exhausted)  # sparse files
 
     def _parent(self, parts: list[str], name: str) -> Path:
         """The entry's parent dir, created as needed; refuses any non-directory on the way."""
@@ -137,6 +164,7 @@ class _Extractor:
             self._hardlink(m, target)
             return
         if m.isreg():
+            self._declared.spend(m.size, f"{self._what} (file {m.name!r})")
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             with os.fdopen(fd, "wb") as out:
                 src = tf.extractfile(m)
@@ -247,14 +275,20 @@ class _BoundedTarInfo(tarfile.TarInfo):
             )
 
 
-def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) -> tuple[int, int]:
-    """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage."""
+def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
+                 bound: Bound | None = None) -> tuple[int, int]:
+    """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage.
+
+    Nothing is left behind on any failure: a corrupt or hostile layer, a layer over
+    `bound`, or the disk filling up (ResourceExhausted)."""
+    bound = bound or Bound(2**63, "unbounded")
+    what = f"layer {blob.name}"
     tmp = tmp_root / f"unpack-{uuid.uuid4().hex}"
-    tmp.mkdir(mode=0o755)
     try:
+        tmp.mkdir(mode=0o755)
         with open(blob, "rb") as raw:
-            reader = _HashingReader(_decompressing(raw))
-            ex = _Extractor(tmp)
+            reader = _HashingReader(_decompressing(raw), bound, what)
+            ex = _Extractor(tmp, bound, what)
             try:
                 with tarfile.open(  # type: ignore[call-overload]
                     fileobj=reader, mode="r|", bufsize=BUF, tarinfo=_BoundedTarInfo
@@ -263,13 +297,13 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) ->
                         ex.entry(tf, member)
             except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error,
                     zstandard.ZstdError) as e:
-                raise errors.InvalidArgument(f"layer {blob.name}: corrupt archive: {e}") from None
+                raise errors.InvalidArgument(f"{what}: corrupt archive: {e}") from None
             reader.drain()
             ex.finish()
         got = "sha256:" + reader.hash.hexdigest()
         if diff_id is not None and got != diff_id:
             raise errors.InvalidArgument(
-                f"layer {blob.name}: uncompressed content hashes to {got}, config says {diff_id}"
+                f"{what}: uncompressed content hashes to {got}, config says {diff_id}"
             )
         usage = disk_usage(tmp)
         try:
@@ -279,7 +313,13 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None) ->
                 raise
             shutil.rmtree(tmp)  # unpacked concurrently by someone else: theirs is as good
         return usage
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise errors.ResourceExhausted(
+                f"{what}: no space left on the image filesystem ({tmp_root}) while unpacking"
+            ) from None
+        raise
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise

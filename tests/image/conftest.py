@@ -15,6 +15,7 @@ from pycri.image.manager import ImageManager
 from pycri.image.snapshots import is_mounted
 from pycri.store.db import Store
 from tests.lib import images
+from tests.lib.hostile import HostileRegistry
 from tests.lib.registry import Registry
 
 
@@ -24,6 +25,15 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
     reg.start()
     yield reg
     reg.stop()
+
+
+@pytest.fixture(scope="session")
+def hostile_registry(registry: Registry) -> Iterator[HostileRegistry]:
+    """The session registry behind a front that also serves manifests it refuses."""
+    front = HostileRegistry(registry.addr)
+    front.start()
+    yield front
+    front.stop()
 
 
 @pytest.fixture(scope="session")

@@ -47,6 +47,15 @@ def test_invalid(bad: str) -> None:
         reference.parse(bad)
 
 
+@pytest.mark.parametrize("bad", ["127.0.0.1:99999/busybox", "localhost:0/a:v1", "h.io:65536/x"])
+def test_port_out_of_range(bad: str) -> None:
+    """Used to reach the socket layer and come back as INTERNAL (OverflowError)."""
+    with pytest.raises(errors.InvalidArgument, match=r"port .* not in 1-65535"):
+        reference.parse(bad)
+    assert reference.parse("[::1]:5000/a").domain == "[::1]:5000"
+    assert reference.parse("h.io:65535/x").domain == "h.io:65535"
+
+
 def _conf(tmp_path: Path, text: str, dropin: str = "") -> RegistriesConf:
     (tmp_path / "r.conf").write_text(text)
     d = tmp_path / "r.d"
