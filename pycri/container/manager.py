@@ -158,8 +158,6 @@ class ContainerManager:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
-        if not config.metadata.name:
-            raise InvalidArgument("container metadata needs a name")
         config = _with_pod_namespaces(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
@@ -593,11 +591,17 @@ class ContainerManager:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
         for cid, rec in self.store.items(KIND):
-            c = Container.from_record(cid, rec)
+            try:
+                c = Container.from_record(cid, rec)
+                sb = self.sandboxes.sandboxes.get(c.sandbox_id)
+                if sb is not None:
+                    self.names.reserve(c.name_key(sb.config), cid)
+            except Exception as e:  # one bad row must not keep the node down
+                log.error("container record %s is unusable (%s: %s); set aside",
+                          cid, type(e).__name__, e)
+                self.store.set_aside(KIND, cid)
+                continue
             self.containers[cid] = c
-            sb = self.sandboxes.sandboxes.get(c.sandbox_id)
-            if sb is not None:
-                self.names.reserve(c.name_key(sb.config), cid)
         # A CreateContainer cut short by a crash: its ID never reached a client, and nobody
         # else would ever remove it (or free its name).
         for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:

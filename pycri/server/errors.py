@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from pycri import errors
+from pycri.server.validate import check_request
 
 log = logging.getLogger("pycri.rpc")
 
@@ -41,7 +42,7 @@ def status_code(exc: errors.PycriError) -> grpc.StatusCode:
 
 
 def rpc(fn: Handler[R]) -> Handler[R]:
-    """Wrap a servicer method: log it, map domain errors to status codes.
+    """Wrap a servicer method: validate the request, log it, map domain errors to codes.
 
     The work runs shielded from the caller: a client that gives up (deadline, ^C)
     cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
@@ -52,7 +53,7 @@ def rpc(fn: Handler[R]) -> Handler[R]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         log.debug("%s %s", name, _short(request))
-        work = asyncio.ensure_future(fn(self, request, context))
+        work = asyncio.ensure_future(checked(fn, self, request, context))
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
@@ -71,6 +72,12 @@ def rpc(fn: Handler[R]) -> Handler[R]:
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
+
+
+async def checked(fn: Handler[R], self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+    """Run a handler once its request has passed the validation gate (server/validate.py)."""
+    check_request(request)
+    return await fn(self, request, context)
 
 
 def _finished_alone(name: str, work: asyncio.Future[Any]) -> None:
