@@ -116,6 +116,7 @@ BAD: list[tuple[str, object, str]] = [
     ("exec without an id", pb.ExecRequest(cmd=["sh"]), "container_id: must be set"),
     ("port forward without a pod", pb.PortForwardRequest(port=[80]),
      "pod_sandbox_id: must be set"),
+    ("pull without a ref", pb.PullImageRequest(), "image.image: must be set"),
     ("long image ref", pb.PullImageRequest(image=pb.ImageSpec(image="a" * 1025)),
      "image.image: longer than 1024"),
     # integer ranges

@@ -216,6 +216,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "ExecRequest": ("container_id", "cmd"),
     "AttachRequest": ("container_id",),
     "PortForwardRequest": ("pod_sandbox_id",),
+    "PullImageRequest": ("image.image",),
+    "ImageStatusRequest": ("image.image",),
+    "RemoveImageRequest": ("image.image",),
 }
 
 
