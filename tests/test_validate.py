@@ -128,6 +128,11 @@ BAD: list[tuple[str, object, str]] = [
     ("negative memory", res(memory_limit_in_bytes=-5), "memory_limit_in_bytes: -5"),
     ("port", run(port_mappings=[pb.PortMapping(container_port=70000)]),
      "config.port_mappings[0].container_port: 70000 is outside 0..65535"),
+    ("host port without a container port", run(port_mappings=[pb.PortMapping(host_port=80)]),
+     "config.port_mappings[0].container_port: must be set when host_port is"),
+    ("bad host IP", run(port_mappings=[pb.PortMapping(container_port=80, host_port=80,
+                                                      host_ip="10.0.0.300")]),
+     "config.port_mappings[0].host_ip: is not an IP address"),
     ("negative host port", run(port_mappings=[pb.PortMapping(host_port=-1)]),
      "host_port: -1 is outside"),
     ("port forward port 0", pb.PortForwardRequest(pod_sandbox_id="ab", port=[0]),
@@ -221,6 +226,9 @@ GOOD: list[tuple[str, object]] = [
         image=pb.ImageSpec(image="127.0.0.1:5000/a/b:c@sha256:" + "0" * 64),
         auth=pb.AuthConfig(username="u", password="p\tw\n"))),
     ("annotations at 256 KiB", run(annotations={"big": "x" * 256 * 1024})),
+    ("host IPs", run(port_mappings=[
+        pb.PortMapping(container_port=80, host_port=8080, host_ip="127.0.0.1"),
+        pb.PortMapping(container_port=80, host_port=8080, host_ip="::1")])),
     ("host port 0", run(port_mappings=[pb.PortMapping(container_port=80, protocol=pb.UDP)])),
 ]
 

@@ -16,12 +16,14 @@ Rules, most general first:
 - every enum holds a value the CRI defines; every repeated field and map has at
   most 10,000 entries; labels and annotations at most 512 KiB each in total;
 - integer ranges where the kernel or the CRI has them;
-- per field: names, IDs, hostnames, log paths, mount and device paths, sysctl names;
+- per field: names, IDs, hostnames, log paths, mount and device paths, sysctl names,
+  host IPs; per message: rules across fields (a host port needs a container port);
 - per request: what must be set for the RPC to mean anything.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -118,6 +120,14 @@ def _sysctl(value: str) -> Problem:
     return None
 
 
+def _ip(value: str) -> Problem:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "is not an IP address"
+    return None
+
+
 NAME = Kind(max_len=253, check=_name)
 ID = Kind(max_len=128, check=_id)
 PATH = Kind(max_len=4096, check=_absolute_path)
@@ -143,6 +153,7 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("Mount", "host_path"): PATH,
     ("Device", "container_path"): PATH,
     ("Device", "host_path"): PATH,
+    ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
     ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096),
     ("LinuxPodSandboxConfig", "sysctls.key"): Kind(max_len=253, check=_sysctl),
     ("ImageSpec", "image"): Kind(max_len=1024),
@@ -207,6 +218,17 @@ RANGES: dict[tuple[str, str], Check] = {
     ("LinuxSandboxSecurityContext", "supplemental_groups"): _UID,
 }
 
+def _port_mapping(pm: Any) -> Problem:
+    if pm.host_port and not pm.container_port:
+        return "container_port: must be set when host_port is"
+    return None
+
+
+# Message -> a check across its fields (after each field passed its own checks).
+MESSAGE_RULES: dict[str, Check] = {
+    "PortMapping": _port_mapping,
+}
+
 # Request -> dotted paths that must be set for the RPC to mean anything.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "RunPodSandboxRequest": ("config.metadata.name", "config.metadata.namespace",
@@ -249,6 +271,9 @@ def _walk(msg: Message, prefix: str) -> None:
                 _check_value(desc.name, field.name, field, item, f"{where}[{i}]")
         else:
             _check_value(desc.name, field.name, field, value, where)
+    rule = MESSAGE_RULES.get(desc.name)
+    if rule is not None and (problem := rule(msg)):
+        raise InvalidArgument(f"{prefix}{problem}")
 
 
 def _check_map(message: str, field: FieldDescriptor, value: Any, where: str) -> None:
