@@ -606,8 +606,15 @@ class ContainerManager:
         # else would ever remove it (or free its name).
         for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
             log.info("removing container %s left half-created by a crash", c.id)
-            await self._remove_locked(c)
-        await asyncio.gather(*(self._recheck(c) for c in list(self.containers.values())))
+            try:
+                await self._remove_locked(c)
+            except Exception as e:  # e.g. its runtime handler left the config
+                log.error("container %s left half-created could not be removed: %s", c.id, e)
+        found = list(self.containers.values())
+        checks = await asyncio.gather(*(self._recheck(c) for c in found), return_exceptions=True)
+        for c, failure in zip(found, checks, strict=True):
+            if isinstance(failure, Exception):
+                log.error("container %s: state not rechecked at start: %s", c.id, failure)
 
     async def _recheck(self, c: Container) -> None:
         if c.state not in RUNNING_STATES:

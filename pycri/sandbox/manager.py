@@ -17,7 +17,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Protocol
@@ -439,10 +439,12 @@ class SandboxManager:
                 self.store.set_aside(KIND, sid)
                 continue
             self.sandboxes[sid] = sb
-        checks: list[Awaitable[None]] = [
-            self._recheck(sb) for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY
-        ]
-        await asyncio.gather(*checks)
+        ready = [sb for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY]
+        checks = await asyncio.gather(*(self._recheck(sb) for sb in ready),
+                                      return_exceptions=True)
+        for sb, failure in zip(ready, checks, strict=True):
+            if isinstance(failure, Exception):
+                log.error("pod %s: state not rechecked at start: %s", sb.id, failure)
         await self._release_orphan_leases()
 
     async def _release_orphan_leases(self) -> None:

@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
+from pycri.container.model import Container
 from pycri.names import new_id
 from tests.e2e.conftest import Node
 
@@ -101,7 +102,7 @@ def plant_bad_state(node: Node) -> dict[str, str]:
     """Unusable state as a crash, a hand edit or an older bug leaves it; returns ids."""
     cache = node.tmp / "root" / "cni-cache"
     ids = {k: new_id() for k in ("nul", "json", "noseq", "garbage", "missing", "unbuildable",
-                                 "container")}
+                                 "container", "half")}
     entry = {
         "format": "pycri-cni-cache/v1", "seq": 1, "containerId": ids["nul"],
         "ifName": "eth0", "netns": f"/run/netns/pycri-{ids['nul']}",
@@ -125,6 +126,11 @@ def plant_bad_state(node: Node) -> dict[str, str]:
             "state": pb.SANDBOX_NOTREADY, "netns": "", "ips": [], "infra_pid": 0,
             "conmon_pid": 0, "cgroup_parent": "", "network_torn_down": True})),
         ("container", ids["container"], json.dumps({"sandbox_id": ids["missing"]})),
+        # Half-created by a crash, with a runtime handler since removed from the config.
+        ("container", ids["half"], json.dumps(Container(
+            id=ids["half"], sandbox_id=ids["missing"], config=pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name="half")), image_id="", image_ref="",
+            handler="gone", created_at=0, log_path="").to_record())),
     ]
     with sqlite3.connect(node.tmp / "root" / "pycri.db") as db:
         db.executemany("INSERT INTO records (kind, id, data) VALUES (?, ?, ?)", rows)
@@ -158,6 +164,7 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     log = node.proc.log_text()
     assert f"CNI state of vanished pod {ids['nul']} is unusable" in log
     assert f"record {ids['unbuildable']} left out of lists" in log
+    assert f"container {ids['half']} left half-created could not be removed" in log
     # And the node still starts again, and runs new pods.
     node.restart()
     sid2, _ = node.run_pod("later")
