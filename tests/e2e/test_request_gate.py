@@ -102,7 +102,7 @@ def plant_bad_state(node: Node) -> dict[str, str]:
     """Unusable state as a crash, a hand edit or an older bug leaves it; returns ids."""
     cache = node.tmp / "root" / "cni-cache"
     ids = {k: new_id() for k in ("nul", "json", "noseq", "garbage", "missing", "unbuildable",
-                                 "container", "half")}
+                                 "container", "half", "file")}
     entry = {
         "format": "pycri-cni-cache/v1", "seq": 1, "containerId": ids["nul"],
         "ifName": "eth0", "netns": f"/run/netns/pycri-{ids['nul']}",
@@ -115,6 +115,7 @@ def plant_bad_state(node: Node) -> dict[str, str]:
                       ("noseq", json.dumps({**entry, "seq": "1"}))):
         (cache / ids[key]).mkdir(parents=True)
         (cache / ids[key] / "gone.json").write_text(text)
+    (cache / ids["file"]).write_text("a file where a directory belongs")
     unbuildable = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(
         name="unbuildable", namespace="e2e", uid="u"))
     rows = [
@@ -156,7 +157,7 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     # The unusable state was set aside, not deleted.
     cache = node.tmp / "root" / "cni-cache"
     aside = sorted(p.name.split(".")[0] for p in (cache / ".set-aside").iterdir())
-    assert aside == sorted(ids[k] for k in ("nul", "json", "noseq"))
+    assert aside == sorted(ids[k] for k in ("nul", "json", "noseq", "file"))
     left = {(k, i) for k, i in records(node)}
     for key in ("garbage", "missing"):
         assert ("set-aside:sandbox", ids[key]) in left
