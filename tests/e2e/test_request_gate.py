@@ -17,6 +17,7 @@ from pycri.api import api_pb2 as pb
 from pycri.container.model import Container
 from pycri.names import new_id
 from tests.e2e.conftest import Node
+from tests.test_validate import BAD
 
 pytestmark = pytest.mark.e2e
 
@@ -170,3 +171,18 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     node.restart()
     sid2, _ = node.run_pod("later")
     assert node.pod_status(sid2).state == pb.SANDBOX_READY
+
+
+def test_every_bad_request_of_the_table_is_refused_by_the_daemon(node: Node) -> None:
+    """The gate stands in front of every RPC: each request of tests/test_validate.py's
+    table gets INVALID_ARGUMENT naming the field, and nothing is left behind."""
+    before = records(node)
+    for name, request, message in BAD:
+        rpc = type(request).__name__.removesuffix("Request")
+        service = node.cri.image if hasattr(node.cri.image, rpc) else node.cri.runtime
+        details = refused(getattr(service, rpc), request)
+        assert message in details, (name, details)
+    assert records(node) == before
+    assert cni_cache(node) == [] and our_netns(node) == []
+    assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+    assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
