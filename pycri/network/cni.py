@@ -31,6 +31,7 @@ from pycri.network.plugin import CNIPluginError, Invocation, find_plugin, run_pl
 log = logging.getLogger(__name__)
 
 NOT_READY_REASON = "NetworkPluginNotReady"
+_PROTOCOLS = ("tcp", "udp", "sctp")
 # The bandwidth plugin wants a burst with every rate; like containerd, pass a huge
 # one (math.MaxInt32 bits) so only the rate limits.
 _BURST_BITS = 2**31 - 1
@@ -122,7 +123,19 @@ def _check_pod(pod: PodNetwork) -> None:
         raise InvalidArgument(f"netns path must be absolute, got {pod.netns!r}")
     if not pod.ifname or len(pod.ifname) > 15 or "/" in pod.ifname:
         raise InvalidArgument(f"invalid interface name {pod.ifname!r}")
-    # Names, ports and host IPs come from the CRI request, checked by server/validate.py.
+    for key, value in (("name", pod.name), ("namespace", pod.namespace), ("uid", pod.uid)):
+        if ";" in value or "=" in value or "\0" in value:
+            raise InvalidArgument(f"pod {key} {value!r} may not contain ';', '=' or NUL")
+    for pm in pod.port_mappings:
+        if pm.protocol.lower() not in _PROTOCOLS:
+            raise InvalidArgument(f"port mapping protocol {pm.protocol!r} is not tcp/udp/sctp")
+        if not 0 < pm.container_port < 65536 or not 0 <= pm.host_port < 65536:
+            raise InvalidArgument(f"port mapping {pm} has a port out of range")
+        if pm.host_ip:
+            try:
+                ipaddress.ip_address(pm.host_ip)
+            except ValueError:
+                raise InvalidArgument(f"port mapping host IP {pm.host_ip!r} is invalid") from None
     for ip in pod.ips:
         try:
             ipaddress.ip_interface(ip)
