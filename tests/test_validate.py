@@ -162,6 +162,8 @@ BAD: list[tuple[str, object, str]] = [
     ("annotations too large", run(annotations={f"k{i}": "v" * 200_000 for i in range(3)}),
      "config.annotations: 600006 bytes in total, more than 524288"),
     ("label value too long", run(labels={"k": "v" * 20000}), "longer than 16384"),
+    ("label key too long", run(labels={"k" * 20000: "v"}),
+     "config.labels['" + "k" * 64 + "…'] (key): longer than 16384"),
 ]
 
 

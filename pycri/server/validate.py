@@ -289,7 +289,9 @@ def _check_map(message: str, field: FieldDescriptor, value: Any, where: str) -> 
     assert entry is not None
     key_field, value_field = entry.fields_by_name["key"], entry.fields_by_name["value"]
     for k, v in value.items():
-        at = f"{where}[{k!r}]"
+        # Keys are shown cut short: a status message must fit in the HTTP/2 trailers.
+        shown = k if not isinstance(k, str) or len(k) <= 64 else k[:64] + "…"
+        at = f"{where}[{shown!r}]"
         _check_value(message, f"{field.name}.key", key_field, k, f"{at} (key)")
         _check_value(message, f"{field.name}.value", value_field, v, at)
 
