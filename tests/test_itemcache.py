@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
+import pytest
+
 from pycri.server.itemcache import ItemCache
 
 
@@ -39,3 +41,19 @@ def test_entries_go_with_their_records() -> None:
     del records[:5]
     gc.collect()
     assert len(cache) == 5
+
+
+def test_a_record_that_cannot_be_built_is_left_out_of_lists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def build(r: Rec) -> str:
+        if r.id == "bad":
+            raise TypeError("created_at must be an int")
+        return r.id
+
+    cache: ItemCache[Rec, str] = ItemCache(build)
+    records = [Rec("a"), Rec("bad"), Rec("b")]
+    assert cache.all(records) == ["a", "b"]
+    assert cache.all(records) == ["a", "b"]
+    assert [r.message for r in caplog.records].count(
+        "record bad left out of lists: its message cannot be built") == 1  # once per revision

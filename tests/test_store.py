@@ -60,3 +60,20 @@ def test_items_is_a_snapshot(tmp_path: Path) -> None:
 def test_db_file_is_private(tmp_path: Path) -> None:
     Store(tmp_path / "m.db").close()
     assert (tmp_path / "m.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_row_that_is_not_a_json_object_is_set_aside(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    Store(db).put("sandbox", "good", {"name": "g"})
+    with sqlite3.connect(db) as conn:
+        conn.executemany("INSERT INTO records (kind, id, data) VALUES ('sandbox', ?, ?)",
+                         [("torn", '{"name": '), ("list", "[1]")])
+    s = Store(db)
+    assert dict(s.items("sandbox")) == {"good": {"name": "g"}}
+    s.set_aside("sandbox", "good")
+    assert dict(s.items("sandbox")) == {}
+    s.close()
+    with sqlite3.connect(db) as conn:
+        kinds = sorted(conn.execute("SELECT kind, id FROM records").fetchall())
+    assert kinds == [("set-aside:sandbox", "good"), ("set-aside:sandbox", "list"),
+                     ("set-aside:sandbox", "torn")]

@@ -174,8 +174,6 @@ class ContainerManager:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
-        if not config.metadata.name:
-            raise InvalidArgument("container metadata needs a name")
         config = _with_pod_namespaces(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
@@ -642,17 +640,30 @@ class ContainerManager:
         containers whose runtime state is gone (reboot) come back EXITED."""
         await asyncio.to_thread(self._sweep_staging)
         for cid, rec in self.store.items(KIND):
-            c = Container.from_record(cid, rec)
+            try:
+                c = Container.from_record(cid, rec)
+                sb = self.sandboxes.sandboxes.get(c.sandbox_id)
+                if sb is not None:
+                    self.names.reserve(c.name_key(sb.config), cid)
+            except Exception as e:  # one bad row must not keep the node down
+                log.error("container record %s is unusable (%s: %s); set aside",
+                          cid, type(e).__name__, e)
+                self.store.set_aside(KIND, cid)
+                continue
             self.containers[cid] = c
-            sb = self.sandboxes.sandboxes.get(c.sandbox_id)
-            if sb is not None:
-                self.names.reserve(c.name_key(sb.config), cid)
         # A CreateContainer cut short by a crash: its ID never reached a client, and nobody
         # else would ever remove it (or free its name).
         for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
             log.info("removing container %s left half-created by a crash", c.id)
-            await self._remove_locked(c)
-        await asyncio.gather(*(self._recheck(c) for c in list(self.containers.values())))
+            try:
+                await self._remove_locked(c)
+            except Exception as e:  # e.g. its runtime handler left the config
+                log.error("container %s left half-created could not be removed: %s", c.id, e)
+        found = list(self.containers.values())
+        checks = await asyncio.gather(*(self._recheck(c) for c in found), return_exceptions=True)
+        for c, failure in zip(found, checks, strict=True):
+            if isinstance(failure, Exception):
+                log.error("container %s: state not rechecked at start: %s", c.id, failure)
 
     async def _recheck(self, c: Container) -> None:
         if c.state not in RUNNING_STATES:

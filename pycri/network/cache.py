@@ -15,13 +15,20 @@ import contextlib
 import json
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
-from pycri.errors import InvalidArgument
+from pycri.errors import FailedPrecondition, InvalidArgument
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 FORMAT = "pycri-cni-cache/v1"
+# Unusable entries are moved here (never listed: the name is not a sandbox id).
+SET_ASIDE = ".set-aside"
+
+
+class CorruptEntry(FailedPrecondition):
+    """A cache entry that cannot be read or used for a DEL; retrying will not help."""
 
 
 def check_id(sandbox_id: str) -> None:
@@ -80,11 +87,25 @@ class ResultCache:
             return []
         entries = []
         for n in names:
-            entry = json.loads((d / n).read_bytes())
+            try:
+                entry = json.loads((d / n).read_bytes())
+            except ValueError as e:
+                raise CorruptEntry(f"CNI cache file {d / n} is not JSON: {e}") from None
             if not isinstance(entry, dict) or entry.get("format") != FORMAT:
-                raise ValueError(f"CNI cache file {d / n} has an unknown format")
+                raise CorruptEntry(f"CNI cache file {d / n} has an unknown format")
             entries.append(entry)
         return entries
+
+    def _set_aside_sync(self, sandbox_id: str) -> Path:
+        check_id(sandbox_id)
+        dest = self.root / SET_ASIDE / f"{sandbox_id}.{time.time_ns()}"
+        dest.parent.mkdir(mode=0o700, exist_ok=True)
+        os.rename(self.root / sandbox_id, dest)
+        return dest
+
+    async def set_aside(self, sandbox_id: str) -> Path:
+        """Move a sandbox's unusable entries out of the way (kept for a person to read)."""
+        return await asyncio.to_thread(self._set_aside_sync, sandbox_id)
 
     def sandboxes(self) -> list[str]:
         """Sandbox ids with cached networks (for garbage collection at startup)."""

@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 from pycri.config import CNIConfig
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.network import conf
-from pycri.network.cache import ResultCache, check_id
+from pycri.network.cache import CorruptEntry, ResultCache, check_id
 from pycri.network.conf import LOOPBACK_NETWORK, NetworkConfig
 from pycri.network.plugin import CNIPluginError, Invocation, find_plugin, run_plugin
 
@@ -124,8 +124,8 @@ def _check_pod(pod: PodNetwork) -> None:
     if not pod.ifname or len(pod.ifname) > 15 or "/" in pod.ifname:
         raise InvalidArgument(f"invalid interface name {pod.ifname!r}")
     for key, value in (("name", pod.name), ("namespace", pod.namespace), ("uid", pod.uid)):
-        if ";" in value or "=" in value:
-            raise InvalidArgument(f"pod {key} {value!r} may not contain ';' or '='")
+        if ";" in value or "=" in value or "\0" in value:
+            raise InvalidArgument(f"pod {key} {value!r} may not contain ';', '=' or NUL")
     for pm in pod.port_mappings:
         if pm.protocol.lower() not in _PROTOCOLS:
             raise InvalidArgument(f"port mapping protocol {pm.protocol!r} is not tcp/udp/sctp")
@@ -404,19 +404,31 @@ class CNIManager:
                  ", ".join(res.ips) or "none")
         return res
 
-    async def _teardown_entries(self, pod: PodNetwork, raise_errors: bool) -> None:
+    def _del_call(self, pod: PodNetwork, entry: dict[str, Any]) -> tuple[NetworkConfig, Invocation]:
+        """The network and DEL invocation a cache entry describes; CorruptEntry if it
+        cannot describe one (a hand-edited or truncated file, a value no plugin can get)."""
         try:
-            entries = self.cache.read_all(pod.sandbox_id)
-        except ValueError as e:
-            raise FailedPrecondition(str(e)) from None
+            net = conf.from_json(entry["config"], "<cache>")
+            env = (pod.netns or entry["netns"], entry["ifName"], entry["cniArgs"])
+            if not all(isinstance(v, str) and "\0" not in v for v in env):
+                raise ValueError("netns, ifName and cniArgs must be strings without NUL")
+            if not isinstance(entry["runtimeConfig"], dict):
+                raise ValueError("runtimeConfig is not an object")
+        except (KeyError, TypeError, ValueError) as e:
+            raise CorruptEntry(f"CNI cache entry of sandbox {pod.sandbox_id} is unusable: "
+                               f"{type(e).__name__}: {e}") from None
+        return net, Invocation("DEL", pod.sandbox_id, *env, tuple(self.bin_dirs))
+
+    async def _teardown_entries(self, pod: PodNetwork, raise_errors: bool) -> None:
+        entries = self.cache.read_all(pod.sandbox_id)
+        if not all(isinstance(e.get("seq"), int) for e in entries):
+            raise CorruptEntry(f"CNI cache of sandbox {pod.sandbox_id} has an entry without seq")
         first_error: Exception | None = None
         for entry in sorted(entries, key=lambda e: e["seq"], reverse=True):
-            net = conf.from_json(entry["config"], "<cache>")
-            call = Invocation("DEL", pod.sandbox_id, pod.netns or entry["netns"],
-                              entry["ifName"], entry["cniArgs"], tuple(self.bin_dirs))
+            net, call = self._del_call(pod, entry)
             try:
                 await self._del_plugins(net, net.plugins, call, entry["runtimeConfig"],
-                                        entry["result"])
+                                        entry.get("result"))
             except Exception as e:
                 log.error("sandbox %s: CNI DEL of network %r failed: %s",
                           pod.sandbox_id, net.name, e)

@@ -17,7 +17,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Protocol
@@ -39,6 +39,7 @@ from pycri.network import (
     create_netns,
     remove_netns,
 )
+from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
 from pycri.oci import seccomp, spec
 from pycri.oci.rootfs import pin_mount_destinations
@@ -183,9 +184,7 @@ class SandboxManager:
     # -- run ---------------------------------------------------------------------
 
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
-        md = config.metadata
-        if not (md.name and md.namespace and md.uid):
-            raise InvalidArgument("pod sandbox metadata needs a name, a namespace and a uid")
+        md = config.metadata  # checked by the request gate (server/validate.py)
         handler = self.launcher.handler_name(runtime_handler)
         sid = new_id()
         self.names.reserve(name_key(md), sid)
@@ -445,13 +444,21 @@ class SandboxManager:
     async def recover(self) -> None:
         """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""
         for sid, rec in self.store.items(KIND):
-            sb = Sandbox.from_record(sid, rec)
+            try:
+                sb = Sandbox.from_record(sid, rec)
+                self.names.reserve(sb.name, sid)
+            except Exception as e:  # one bad row must not keep the node down
+                log.error("pod sandbox record %s is unusable (%s: %s); set aside",
+                          sid, type(e).__name__, e)
+                self.store.set_aside(KIND, sid)
+                continue
             self.sandboxes[sid] = sb
-            self.names.reserve(sb.name, sid)
-        checks: list[Awaitable[None]] = [
-            self._recheck(sb) for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY
-        ]
-        await asyncio.gather(*checks)
+        ready = [sb for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY]
+        checks = await asyncio.gather(*(self._recheck(sb) for sb in ready),
+                                      return_exceptions=True)
+        for sb, failure in zip(ready, checks, strict=True):
+            if isinstance(failure, Exception):
+                log.error("pod %s: state not rechecked at start: %s", sb.id, failure)
         await self._release_orphan_leases()
 
     async def _release_orphan_leases(self) -> None:
@@ -464,8 +471,22 @@ class SandboxManager:
                 await self.cni.teardown(PodNetwork(sandbox_id=sid, netns="", name="",
                                                    namespace="", uid=""))
                 log.info("released the CNI state of vanished pod %s", sid)
-            except PycriError as e:
+            except CorruptEntry as e:
+                await self._set_cni_state_aside(sid, e)
+            except PycriError as e:  # a plugin failed: kept for the next start
                 log.warning("CNI state of vanished pod %s: %s", sid, e)
+            except Exception as e:  # anything else a bad entry can cause
+                await self._set_cni_state_aside(sid, e)
+
+    async def _set_cni_state_aside(self, sid: str, error: Exception) -> None:
+        try:
+            where = await self.cni.cache.set_aside(sid)
+        except OSError as e:
+            log.error("CNI state of vanished pod %s is unusable (%s) and could not be set "
+                      "aside: %s", sid, error, e)
+            return
+        log.error("CNI state of vanished pod %s is unusable (%s: %s); moved to %s",
+                  sid, type(error).__name__, error, where)
 
     async def _recheck(self, sb: Sandbox) -> None:
         state = None

@@ -16,6 +16,7 @@ from typing import Any, TypeVar, overload
 import grpc
 
 from pycri import errors
+from pycri.server.validate import check_request
 
 log = logging.getLogger("pycri.rpc")
 
@@ -48,7 +49,7 @@ def rpc(*, shield: bool) -> Callable[[Handler[R]], Handler[R]]: ...
 def rpc(
     fn: Handler[R] | None = None, /, *, shield: bool = True
 ) -> Handler[R] | Callable[[Handler[R]], Handler[R]]:
-    """Wrap a servicer method: log it, map domain errors to status codes.
+    """Wrap a servicer method: validate the request, log it, map domain errors to codes.
 
     The work runs shielded from the caller: a client that gives up (deadline, ^C)
     cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
@@ -67,7 +68,7 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         log.debug("%s %s", name, _short(request))
-        work = asyncio.ensure_future(fn(self, request, context))
+        work = asyncio.ensure_future(checked(fn, self, request, context))
         try:
             return await (asyncio.shield(work) if shield else work)
         except asyncio.CancelledError:
@@ -86,6 +87,12 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
+
+
+async def checked(fn: Handler[R], self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+    """Run a handler once its request has passed the validation gate (server/validate.py)."""
+    check_request(request)
+    return await fn(self, request, context)
 
 
 def _finished_alone(name: str, work: asyncio.Future[Any]) -> None:

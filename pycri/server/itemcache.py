@@ -4,10 +4,13 @@ The kubelet lists pods and containers every second and asks for their status;
 rebuilding each message costs ~10 µs of Python per object, reusing it costs a
 C-level copy. A record's `revision` is bumped on every save, so a cached
 message is never stale, and an entry goes away with its record object.
+A record whose message cannot be built is left out of lists (and logged), so one
+bad record cannot break ListPodSandbox or ListContainers for the whole node.
 """
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
@@ -21,6 +24,8 @@ class Revisioned(Protocol):
     def revision(self) -> int: ...
 
 
+log = logging.getLogger(__name__)
+
 R = TypeVar("R", bound=Revisioned)
 M = TypeVar("M")
 
@@ -29,6 +34,7 @@ class ItemCache(Generic[R, M]):
     def __init__(self, build: Callable[[R], M]) -> None:
         self._build = build
         self._items: dict[str, tuple[int, M]] = {}
+        self._broken: dict[str, int] = {}  # id -> revision already logged as unbuildable
 
     def get(self, record: R) -> M:
         hit = self._items.get(record.id)
@@ -41,7 +47,17 @@ class ItemCache(Generic[R, M]):
         return msg
 
     def all(self, records: list[R]) -> list[M]:
-        return [self.get(r) for r in records]
+        """The messages of `records`, skipping any that cannot be built."""
+        out = []
+        for r in records:
+            try:
+                out.append(self.get(r))
+            except Exception:
+                if self._broken.get(r.id) != r.revision:
+                    self._broken[r.id] = r.revision
+                    log.exception("record %s left out of lists: its message cannot be built",
+                                  r.id)
+        return out
 
     def __len__(self) -> int:
         return len(self._items)

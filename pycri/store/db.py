@@ -10,6 +10,7 @@ owns the shape of its own records.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -18,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 Record = dict[str, Any]
+SET_ASIDE = "set-aside:"  # kind prefix of records their owner could not load
+
+log = logging.getLogger(__name__)
 
 # Each entry moves the schema from version i to i+1. Append only; never edit.
 MIGRATIONS: list[tuple[str, ...]] = [
@@ -41,8 +45,19 @@ class Store:
         self._lock = threading.Lock()
         self._migrate()
         self._index: dict[str, dict[str, Record]] = {}
+        bad: list[tuple[str, str]] = []
         for kind, rid, data in self._db.execute("SELECT kind, id, data FROM records"):
-            self._index.setdefault(kind, {})[rid] = json.loads(data)
+            try:
+                record = json.loads(data)
+            except (TypeError, ValueError):
+                record = None
+            if not isinstance(record, dict):
+                bad.append((kind, rid))
+                continue
+            self._index.setdefault(kind, {})[rid] = record
+        for kind, rid in bad:
+            log.error("%s record %s is not a JSON object; set aside", kind, rid)
+            self.set_aside(kind, rid)
 
     @property
     def schema_version(self) -> int:
@@ -88,6 +103,22 @@ class Store:
         """Remove a record; absent is fine (callers are idempotent)."""
         with self._lock:
             self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid))
+            self._index.get(kind, {}).pop(rid, None)
+
+    def set_aside(self, kind: str, rid: str) -> None:
+        """Move a record its owner cannot load to kind `set-aside:<kind>`: out of every
+        listing, kept in the file for a person to look at."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?",
+                                 (SET_ASIDE + kind, rid))
+                self._db.execute("UPDATE records SET kind = ? WHERE kind = ? AND id = ?",
+                                 (SET_ASIDE + kind, kind, rid))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
             self._index.get(kind, {}).pop(rid, None)
 
     def get(self, kind: str, rid: str) -> Record | None:

@@ -302,8 +302,12 @@ def test_configured_pause_image_is_pulled_pinned_and_run(
     sid, _ = node.run_pod("paused")
     info = json.loads(node.cri.runtime.PodSandboxStatus(
         pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True)).info["info"])
-    assert Path(f"/proc/{info['pid']}/cmdline").read_bytes().split(b"\0")[:2] == [
-        b"/bin/sleep", b"1000000"]
+    # `runc start` returns before runc init has exec'd the entrypoint: wait for it.
+    cmdline = Path(f"/proc/{info['pid']}/cmdline")
+    deadline = time.monotonic() + 30
+    while cmdline.read_bytes().split(b"\0")[1:2] == [b"init"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cmdline.read_bytes().split(b"\0")[:2] == [b"/bin/sleep", b"1000000"]
     img = node.cri.image.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=pause)))
     assert img.image.pinned
     node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))

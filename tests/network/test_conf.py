@@ -220,6 +220,7 @@ def test_bad_default_template_is_not_ready(tmp_path: Path) -> None:
         {"netns": "relative/path"},
         {"name": "a;b"},
         {"uid": "x=y"},
+        {"namespace": "a\x00b"},
         {"ifname": "a" * 16},
         {"port_mappings": (PortMapping("icmp", 1, 1),)},
         {"port_mappings": (PortMapping("tcp", 0, 80),)},

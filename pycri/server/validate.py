@@ -1,0 +1,329 @@
+"""The one gate every CRI request passes before any work starts.
+
+`check_request` walks a request by its protobuf descriptor and raises
+`InvalidArgument` naming the offending field by its dotted path
+(`config.metadata.name: contains a NUL byte`). Only syntax is checked here:
+whether a pod exists, an image is pulled or a host path is there is the
+managers' business. Keeping every syntactic rule in this table means a new RPC
+is covered the day it is added, and a value that reaches a path, an
+environment variable, CNI_ARGS or a runtime call is known to be well formed.
+
+Rules, most general first:
+- every string: no NUL; no other C0 control character or DEL, except tab, LF
+  and CR in free text (command lines, annotation values, registry
+  credentials), which legitimately carry them; a length bound by kind
+  (names 253, IDs 128, hostnames 63, paths 4096, free text 1 MiB, others 16 KiB);
+- every enum holds a value the CRI defines; every repeated field and map has at
+  most 10,000 entries; labels and annotations at most 512 KiB each in total;
+- integer ranges where the kernel or the CRI has them;
+- per field: names, IDs, hostnames, log paths, mount and device paths, sysctl names,
+  host IPs; per message: rules across fields (a host port needs a container port);
+- per request: what must be set for the RPC to mean anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import ipaddress
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+from pycri.errors import InvalidArgument
+
+MAX_ITEMS = 10_000
+# Kubernetes caps a pod's annotations at 256 KiB; the kubelet adds its own keys on top.
+MAX_MAP_BYTES = 512 * 1024
+SIZED_MAPS = ("labels", "annotations")
+UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
+
+Problem = str | None  # what is wrong with a value, or None when it is fine
+Check = Callable[[Any], Problem]
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How a string field is checked."""
+
+    max_len: int = 16 * 1024
+    free_text: bool = False  # tab, LF and CR allowed
+    check: Check | None = None
+
+
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
+_HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_\-]*[A-Za-z0-9])?")
+_SYSCTL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, LF, CR allowed
+
+
+def _name(value: str) -> Problem:
+    """Metadata names end up in paths, name keys, log names and CNI_ARGS."""
+    if value in (".", ".."):
+        return f"{value!r} is not a name"
+    bad = sorted({c for c in value if c in "/;="})
+    return f"may not contain {' '.join(bad)!r}" if bad else None
+
+
+def _id(value: str) -> Problem:
+    """Container and pod IDs (or their prefixes) name runtime state and directories."""
+    if value and not _ID_RE.fullmatch(value):
+        return "must be letters, digits, '_', '.' or '-' (an ID or an ID prefix)"
+    return None
+
+
+def _hostname(value: str) -> Problem:
+    """What sethostname(2) will take; labels as RFC 1123 (plus '_', which crictl
+    examples use), at most 63 characters as the kubelet truncates them."""
+    if value and not all(_HOST_LABEL_RE.fullmatch(label) for label in value.split(".")):
+        return ("must be dot-separated labels of letters, digits, '-' and '_', each "
+                "starting and ending with a letter or digit")
+    return None
+
+
+def _normalised(value: str) -> bool:
+    return os.path.normpath(value) == value and not value.startswith("//")
+
+
+def _absolute_path(value: str) -> Problem:
+    if value and not value.startswith("/"):
+        return "must be an absolute path"
+    if ".." in value.split("/"):
+        return "may not contain '..'"
+    return None
+
+
+def _log_directory(value: str) -> Problem:
+    if value and not (value.startswith("/") and _normalised(value)):
+        return "must be an absolute, normalised path (no '.', '..', '//' or trailing '/')"
+    return None
+
+
+def _log_path(value: str) -> Problem:
+    """Relative to the pod's log_directory, and staying inside it."""
+    if not value:
+        return None
+    if value.startswith("/"):
+        return "must be relative to the pod's log_directory"
+    if not _normalised(value) or value.split("/")[0] in (".", ".."):
+        return "must stay inside the pod's log_directory (normalised, no '.' or '..')"
+    return None
+
+
+def _sysctl(value: str) -> Problem:
+    if not _SYSCTL_RE.fullmatch(value) or ".." in value.split("/") or "//" in value:
+        return "is not a sysctl name (like net.ipv4.ip_forward)"
+    return None
+
+
+def _ip(value: str) -> Problem:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return "is not an IP address"
+    return None
+
+
+NAME = Kind(max_len=253, check=_name)
+ID = Kind(max_len=128, check=_id)
+PATH = Kind(max_len=4096, check=_absolute_path)
+FREE_TEXT = Kind(max_len=1024 * 1024, free_text=True)
+ANNOTATION_VALUE = Kind(max_len=MAX_MAP_BYTES, free_text=True)
+DEFAULT = Kind()
+
+# (message, field) -> kind; a map's keys and values are "<field>.key" / "<field>.value".
+KINDS: dict[tuple[str, str], Kind] = {
+    ("PodSandboxMetadata", "name"): NAME,
+    ("PodSandboxMetadata", "namespace"): NAME,
+    ("PodSandboxMetadata", "uid"): NAME,
+    ("ContainerMetadata", "name"): NAME,
+    ("PodSandboxConfig", "hostname"): Kind(max_len=63, check=_hostname),
+    ("PodSandboxConfig", "log_directory"): Kind(max_len=4096, check=_log_directory),
+    ("ContainerConfig", "log_path"): Kind(max_len=4096, check=_log_path),
+    ("ContainerConfig", "working_dir"): PATH,
+    ("ContainerConfig", "command"): FREE_TEXT,
+    ("ContainerConfig", "args"): FREE_TEXT,
+    ("ExecSyncRequest", "cmd"): FREE_TEXT,
+    ("ExecRequest", "cmd"): FREE_TEXT,
+    ("Mount", "container_path"): PATH,
+    ("Mount", "host_path"): PATH,
+    ("Device", "container_path"): PATH,
+    ("Device", "host_path"): PATH,
+    ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
+    ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096),
+    ("LinuxPodSandboxConfig", "sysctls.key"): Kind(max_len=253, check=_sysctl),
+    ("ImageSpec", "image"): Kind(max_len=1024),
+    ("ImageSpec", "user_specified_image"): Kind(max_len=1024),
+    ("ImageSpec", "image_ref"): Kind(max_len=1024),
+    ("AuthConfig", "username"): FREE_TEXT,
+    ("AuthConfig", "password"): FREE_TEXT,
+    ("AuthConfig", "auth"): FREE_TEXT,
+    ("AuthConfig", "identity_token"): FREE_TEXT,
+    ("AuthConfig", "registry_token"): FREE_TEXT,
+}
+ID_FIELDS = ("container_id", "pod_sandbox_id", "target_id")
+FILTERS_WITH_IDS = ("ContainerFilter", "PodSandboxFilter", "ContainerStatsFilter",
+                    "PodSandboxStatsFilter")
+
+
+@functools.cache
+def _kind(message: str, field: str) -> Kind:
+    kind = KINDS.get((message, field))
+    if kind is not None:
+        return kind
+    if field in ID_FIELDS or (message in FILTERS_WITH_IDS and field == "id"):
+        return ID
+    if field.endswith(".value") and field.split(".")[0] == "annotations":
+        return ANNOTATION_VALUE
+    return DEFAULT
+
+
+def _between(lo: int, hi: int, *also: int) -> Check:
+    def check(v: int) -> Problem:
+        if lo <= v <= hi or v in also:
+            return None
+        extra = f" (or {', '.join(map(str, also))})" if also else ""
+        return f"{v} is outside {lo}..{hi}{extra}"
+
+    return check
+
+
+_I64_MAX = 2**63 - 1
+_UID = _between(0, UID_MAX)
+_PORT = _between(0, 65535)
+_NON_NEGATIVE = _between(0, _I64_MAX)
+
+# (message, field) -> check of each integer (of an Int64Value's value for wrapper fields).
+RANGES: dict[tuple[str, str], Check] = {
+    ("LinuxContainerResources", "oom_score_adj"): _between(-1000, 1000),
+    ("LinuxContainerResources", "cpu_shares"): _between(0, 262144),
+    # The kernel takes CFS periods of 1 ms..1 s and quotas of at least 1 ms; 0 is unset.
+    ("LinuxContainerResources", "cpu_period"): _between(1000, 1_000_000, 0),
+    ("LinuxContainerResources", "cpu_quota"): _between(1000, _I64_MAX, 0, -1),
+    ("LinuxContainerResources", "memory_limit_in_bytes"): _NON_NEGATIVE,
+    ("LinuxContainerResources", "memory_swap_limit_in_bytes"): _between(-1, _I64_MAX),
+    ("PortMapping", "container_port"): _PORT,
+    ("PortMapping", "host_port"): _PORT,
+    ("PortForwardRequest", "port"): _between(1, 65535),
+    ("StopContainerRequest", "timeout"): _NON_NEGATIVE,
+    ("ExecSyncRequest", "timeout"): _NON_NEGATIVE,
+    ("LinuxContainerSecurityContext", "run_as_user"): _UID,
+    ("LinuxContainerSecurityContext", "run_as_group"): _UID,
+    ("LinuxContainerSecurityContext", "supplemental_groups"): _UID,
+    ("LinuxSandboxSecurityContext", "run_as_user"): _UID,
+    ("LinuxSandboxSecurityContext", "run_as_group"): _UID,
+    ("LinuxSandboxSecurityContext", "supplemental_groups"): _UID,
+}
+
+def _port_mapping(pm: Any) -> Problem:
+    if pm.host_port and not pm.container_port:
+        return "container_port: must be set when host_port is"
+    return None
+
+
+# Message -> a check across its fields (after each field passed its own checks).
+MESSAGE_RULES: dict[str, Check] = {
+    "PortMapping": _port_mapping,
+}
+
+# Request -> dotted paths that must be set for the RPC to mean anything.
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "RunPodSandboxRequest": ("config.metadata.name", "config.metadata.namespace",
+                             "config.metadata.uid"),
+    "CreateContainerRequest": ("pod_sandbox_id", "config.metadata.name"),
+    "ExecSyncRequest": ("container_id", "cmd"),
+    "ExecRequest": ("container_id", "cmd"),
+    "AttachRequest": ("container_id",),
+    "PortForwardRequest": ("pod_sandbox_id",),
+    "PullImageRequest": ("image.image",),
+    "ImageStatusRequest": ("image.image",),
+    "RemoveImageRequest": ("image.image",),
+}
+
+
+def check_request(request: Message) -> None:
+    """Raise InvalidArgument for the first malformed field of a CRI request."""
+    _walk(request, "")
+    for path in REQUIRED.get(request.DESCRIPTOR.name, ()):
+        if not _lookup(request, path):
+            raise InvalidArgument(f"{path}: must be set")
+
+
+def _lookup(msg: Any, path: str) -> Any:
+    for part in path.split("."):
+        msg = getattr(msg, part)
+    return msg
+
+
+def _walk(msg: Message, prefix: str) -> None:
+    desc = msg.DESCRIPTOR
+    for field, value in msg.ListFields():
+        where = prefix + field.name
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            _check_map(desc.name, field, value, where)
+        elif field.is_repeated:
+            if len(value) > MAX_ITEMS:
+                raise InvalidArgument(f"{where}: more than {MAX_ITEMS} entries")
+            for i, item in enumerate(value):
+                _check_value(desc.name, field.name, field, item, f"{where}[{i}]")
+        else:
+            _check_value(desc.name, field.name, field, value, where)
+    rule = MESSAGE_RULES.get(desc.name)
+    if rule is not None and (problem := rule(msg)):
+        raise InvalidArgument(f"{prefix}{problem}")
+
+
+def _check_map(message: str, field: FieldDescriptor, value: Any, where: str) -> None:
+    if len(value) > MAX_ITEMS:
+        raise InvalidArgument(f"{where}: more than {MAX_ITEMS} entries")
+    if field.name in SIZED_MAPS:
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+        if size > MAX_MAP_BYTES:
+            raise InvalidArgument(f"{where}: {size} bytes in total, more than {MAX_MAP_BYTES}")
+    entry = field.message_type
+    assert entry is not None
+    key_field, value_field = entry.fields_by_name["key"], entry.fields_by_name["value"]
+    for k, v in value.items():
+        # Keys are shown cut short: a status message must fit in the HTTP/2 trailers.
+        shown = k if not isinstance(k, str) or len(k) <= 64 else k[:64] + "…"
+        at = f"{where}[{shown!r}]"
+        _check_value(message, f"{field.name}.key", key_field, k, f"{at} (key)")
+        _check_value(message, f"{field.name}.value", value_field, v, at)
+
+
+def _check_value(
+    message: str, name: str, field: FieldDescriptor, value: Any, where: str
+) -> None:
+    problem: Problem = None
+    if field.message_type is not None:
+        rng = RANGES.get((message, name))
+        if rng is not None and "value" in field.message_type.fields_by_name:
+            problem = rng(value.value)  # a wrapper such as Int64Value
+        else:
+            _walk(value, where + ".")
+    elif field.type == FieldDescriptor.TYPE_STRING:
+        problem = _string_problem(value, _kind(message, name))
+    elif field.enum_type is not None:
+        if value not in field.enum_type.values_by_number:
+            problem = f"{value} is not a known {field.enum_type.name}"
+    elif field.type != FieldDescriptor.TYPE_BYTES and (rng := RANGES.get((message, name))):
+        problem = rng(value)
+    if problem:
+        raise InvalidArgument(f"{where}: {problem}")
+
+
+def _string_problem(value: str, kind: Kind) -> Problem:
+    if len(value) > kind.max_len:
+        return f"longer than {kind.max_len} characters ({len(value)})"
+    # isprintable() is the fastest scan in C; only strings it rejects are searched.
+    bad = None if value.isprintable() else (
+        _CONTROL_IN_TEXT if kind.free_text else _CONTROL).search(value)
+    if bad:
+        o = ord(bad.group())
+        return "contains a NUL byte" if o == 0 else f"contains control character {o:#04x}"
+    return kind.check(value) if kind.check else None
