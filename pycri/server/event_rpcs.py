@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import grpc
@@ -12,6 +13,8 @@ from pycri.events import Event
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.container_rpcs import container_status
 from pycri.server.sandbox_rpcs import sandbox_status
+
+log = logging.getLogger("pycri.rpc")
 
 Ctx = grpc.aio.ServicerContext
 
@@ -41,4 +44,11 @@ class EventRPCs:
     ) -> AsyncIterator[pb.ContainerEventResponse]:
         with self.containers.events.subscribe() as queue:
             while True:
-                yield self._event_message(await queue.get())
+                ev = await queue.get()
+                try:
+                    msg = self._event_message(ev)
+                except Exception:
+                    # One unbuildable record must not end every subscriber's stream.
+                    log.exception("GetContainerEvents: left out the event of %s", ev.object_id)
+                    continue
+                yield msg
