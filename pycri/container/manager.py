@@ -283,7 +283,11 @@ class ContainerManager:
             c.stop_signal = image.stop_signal
             parse_signal(c.stop_signal)
             user, profile = await asyncio.to_thread(self._read_identity, c, image, rootfs)
-            doc = self._spec(c, sb, image, rootfs, volumes, user, profile)
+            c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
+            # Host paths, mountinfo, /dev and the pod's files are read: off the loop.
+            doc = await asyncio.to_thread(
+                self._spec, c, sb, image, rootfs, volumes, user, profile, self._pid_ns(c, sb)
+            )
             c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         async with step("checking the image's rootfs"):
             await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
@@ -337,10 +341,11 @@ class ContainerManager:
         volumes: dict[str, str],
         user: ResolvedUser,
         profile: dict[str, Any] | None,
+        pid_ns: str | None,
     ) -> dict[str, Any]:
+        """The container's OCI spec; runs in a worker thread and only reads the records."""
         config = c.config
         sc = config.linux.security_context
-        c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
         sources = dict(volumes)
         for m in config.mounts:
             if m.image.image:
@@ -360,7 +365,7 @@ class ContainerManager:
             net_ns=sb.netns or None,
             ipc_ns=f"{infra}/ipc" if ns.ipc != pb.NODE else None,
             uts_ns=f"{infra}/uts" if ns.network != pb.NODE else None,
-            pid_ns=self._pid_ns(c, sb),
+            pid_ns=pid_ns,
             hostname=(pod_dir / "hostname").read_text().strip(),
             hostname_path=str(pod_dir / "hostname"),
             resolv_conf_path=str(pod_dir / "resolv.conf"),
