@@ -40,6 +40,9 @@ MAX_TOKENS = 1000
 # accept(2) errors that mean "out of fds or memory": wait and retry, never spin.
 _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 ACCEPT_RETRY = 0.5
+# File descriptors an exec or attach holds besides its connection (pipes or a terminal,
+# a pidfd, the runtime's or conmon's sockets), counted against the same budget.
+PROCESS_FDS = 8
 
 
 @dataclass(frozen=True)
@@ -289,11 +292,20 @@ class StreamingServer:
             await self._reply(writer, 403, "Forbidden", "no common stream protocol version",
                               {http.ACCEPTED_HEADER: ", ".join(supported)})
             return None
+        if not isinstance(req, PortForwardRequest) and not self.fds.take(PROCESS_FDS):
+            await self._reply(writer, 503, "Service Unavailable", "too many streaming "
+                              "sessions on this node; try again later")  # fmt: skip
+            return None
         headers = {"Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
         if version:
             headers["X-Stream-Protocol-Version"] = version
-        writer.write(http.response(101, "Switching Protocols", headers))
-        await writer.drain()
+        try:
+            writer.write(http.response(101, "Switching Protocols", headers))
+            await writer.drain()
+        except BaseException:
+            if not isinstance(req, PortForwardRequest):
+                self.fds.give(PROCESS_FDS)  # _handle, which gives it back, never runs
+            raise
         return req, version or remotecommand.V1
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -305,6 +317,8 @@ class StreamingServer:
             await self._run(session, req, version)
         finally:
             await session.close()
+            if not isinstance(req, PortForwardRequest):
+                self.fds.give(PROCESS_FDS)
 
     async def _run(self, session: Session, req: Request, version: str) -> None:
         if isinstance(req, PortForwardRequest):

@@ -231,6 +231,36 @@ def test_port_forward_pair_floods_hold_bounded_fds(node: Node, holder: int) -> N
     answers(node)
 
 
+def test_sessions_past_the_fd_budget_are_refused(node: Node) -> None:
+    # A budget of 20 fds: two exec sessions (1 + 8 each) fit, a third is refused with 503.
+    with open(node.tmp / "pycri.toml", "a") as f:
+        f.write("[streaming]\nmax_fds = 20\nfd_reserve = 1\n")
+    node.restart()
+    cid = sleeper(node, "budget")
+
+    async def attack() -> None:
+        held = [await abuse.upgrade(exec_url(node, cid, ["sleep", "60"]), ["v4.channel.k8s.io"])
+                for _ in range(2)]  # fmt: skip
+        with pytest.raises(ConnectionRefusedError, match="503"):
+            await abuse.upgrade(exec_url(node, cid, ["true"]), ["v4.channel.k8s.io"])
+        await answers_meanwhile(node)
+        for raw in held:
+            await raw.close()
+        # Their fds are given back when they end.
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                raw = await abuse.upgrade(exec_url(node, cid, ["true"]), ["v4.channel.k8s.io"])
+                break
+            except ConnectionRefusedError:
+                assert time.monotonic() < deadline, "the budget was not given back"
+                await asyncio.sleep(0.5)
+        await raw.close()
+
+    asyncio.run(attack())
+    answers(node)
+
+
 MALFORMED = {
     "garbage": b"\xff" * 64,
     "version 2": b"\x80\x02\x00\x01\x00\x00\x00\x0a" + b"\x00" * 10,
