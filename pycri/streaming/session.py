@@ -32,6 +32,9 @@ MAX_SESSION_BUFFER = 16 << 20
 # Streams one session may hold at once, counting half-closed ones and ones the
 # application has not accepted yet (exec uses up to 5, port-forward 2 per connection).
 MAX_STREAMS = 128
+# At that bound with streams not yet accepted, how long the application gets to take
+# them (a burst of honest opens outruns it) before new ones are refused.
+ACCEPT_GRACE = 2.0
 
 
 class Abuse(Exception):
@@ -153,6 +156,8 @@ class Session:
         self.buffered = 0  # bytes received on all streams, not yet read
         self._space = asyncio.Event()
         self._refused = 0
+        self._taken = asyncio.Event()  # the application accepted a stream
+        self._stalled = False  # it let a grace period pass without accepting any
         self.abuse: str | None = None  # why the session was closed on the peer, if it was
         self.codec = spdy.Codec()
         self.streams: dict[int, Stream] = {}
@@ -184,6 +189,8 @@ class Session:
         Streams the peer reset before they were accepted are skipped."""
         while (stream := await self.incoming.get()) is not None:
             stream.accepted = True
+            self._taken.set()
+            self._stalled = False
             self.forget_if_done(stream)
             if not stream.was_reset:
                 return stream
@@ -338,7 +345,7 @@ class Session:
         if sid % 2 == own_parity or sid <= self._last_remote_id or self._going_away:
             await self._refuse(sid, spdy.PROTOCOL_ERROR)
             return
-        if len(self.streams) >= self.max_streams:
+        if len(self.streams) >= self.max_streams and not await self._room_for_stream():
             await self._refuse(sid, spdy.REFUSED_STREAM)
             return
         self._last_remote_id = sid
@@ -352,6 +359,21 @@ class Session:
         if frame.fin:
             stream._on_remote_fin()
         self.incoming.put_nowait(stream)
+
+    async def _room_for_stream(self) -> bool:
+        """At the stream bound, wait up to ACCEPT_GRACE for the application to take
+        the streams it has not (once: an application that stopped accepting, like an
+        exec that has its channels, is not waited for again until it takes one)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACCEPT_GRACE
+        while (len(self.streams) >= self.max_streams and not self.incoming.empty()
+               and not self._stalled and not self.closed.is_set()):  # fmt: skip
+            self._taken.clear()
+            try:
+                await asyncio.wait_for(self._taken.wait(), deadline - loop.time())
+            except TimeoutError:
+                self._stalled = True
+        return len(self.streams) < self.max_streams
 
     async def _refuse(self, sid: int, status: int) -> None:
         """Reset a stream we will not take; a peer that keeps opening them is abusive

@@ -264,3 +264,24 @@ async def test_many_streams_share_one_buffer_bound(sessions: tuple[Session, Sess
     assert await asyncio.gather(*(read(s, 3 * len(frame)) for s in accepted)) == [
         3 * len(frame)] * 10
     await sender
+
+
+async def test_a_burst_the_application_keeps_up_with_is_not_abuse(
+    sessions: tuple[Session, Session],
+) -> None:
+    # 400 streams arriving in one read (as many port-forward connections opened at once):
+    # the session waits for the application to take them instead of refusing them.
+    client, srv = sessions
+    got: list[session_mod.Stream] = []
+
+    async def take() -> None:
+        while len(got) < 400 and (stream := await srv.accept()) is not None:
+            got.append(stream)
+            await asyncio.sleep(0)
+
+    taker = asyncio.create_task(take())
+    for k in range(400):
+        await client.send(spdy.SynStream(1 + 2 * k, {"streamtype": ["data"]}, fin=True,
+                                         unidirectional=True))  # fmt: skip
+    await asyncio.wait_for(taker, 10)
+    assert srv.abuse is None and len(got) == 400
