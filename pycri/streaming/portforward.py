@@ -71,17 +71,17 @@ async def forward(port_text: str, data: Stream, error: Stream, dial: Dialer) -> 
         raise
     inbound = asyncio.create_task(_to_pod(data, writer))
     outbound = asyncio.create_task(_from_pod(reader, data))
+    # Done when both directions are (the client resets or half-closes the data stream
+    # once it has our FIN), or at once when the client resets a stream.
+    both: asyncio.Future[Any] = asyncio.gather(inbound, outbound)
     aborted: list[asyncio.Future[Any]] = [
         asyncio.create_task(s.aborted.wait()) for s in (data, error)]
     try:
-        # Done when both directions are (the client resets or half-closes the data
-        # stream once it has our FIN), or at once when the client resets a stream.
-        both: asyncio.Future[Any] = asyncio.gather(inbound, outbound)
         await asyncio.wait([both, *aborted], return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in (inbound, outbound, *aborted):
             task.cancel()
-        await asyncio.gather(inbound, outbound, *aborted, return_exceptions=True)
+        await asyncio.gather(both, *aborted, return_exceptions=True)
         writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await writer.wait_closed()

@@ -214,10 +214,11 @@ class StreamingServer:
             try:
                 conn, peer = await loop.sock_accept(listener)
             except OSError as e:
-                if e.errno not in _RESOURCE_ERRORS:
-                    raise
-                self._warn.warning("accept", f"streaming server cannot accept: {e}")
-                await asyncio.sleep(ACCEPT_RETRY)
+                if e.errno in _RESOURCE_ERRORS:
+                    self._warn.warning("accept", f"streaming server cannot accept: {e}")
+                    await asyncio.sleep(ACCEPT_RETRY)
+                else:  # the client gave up before we took it (ECONNABORTED and the like)
+                    log.debug("streaming accept failed: %s", e)
                 continue
             host = str(peer[0]) if isinstance(peer, tuple) else ""
             if self._pending[host] >= self.limits.max_pending_per_peer:
