@@ -141,6 +141,35 @@ def test_idle_connections_cannot_take_the_daemons_fds(node: Node) -> None:
     assert log.count("streaming connection from") <= 3  # rate-limited, not once per drop
 
 
+def test_with_caps_raised_the_fd_budget_still_keeps_the_cri_socket(node: Node) -> None:
+    # Connection caps above the daemon's fd limit (1024 here): only the fd budget (half
+    # the limit, as it is below the reserve) stands between the flood and the limit.
+    with open(node.tmp / "pycri.toml", "a") as f:
+        f.write("[streaming]\nmax_connections = 100000\nmax_pending = 100000\n"
+                "max_pending_per_peer = 100000\n")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))  # the daemon inherits it
+    try:
+        node.restart()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    url = exec_url(node, sleeper(node, "budget-only"), ["true"])
+    base = abuse.usage(pid(node))
+    socks = abuse.idle_flood(*abuse.host_port(url), 3000)
+    try:
+        time.sleep(2.0)
+        during = abuse.usage(pid(node))
+        answers(node)
+        assert base.fds + 400 < during.fds < 1024 - 200, (base, during)
+    finally:
+        for s in socks:
+            s.close()
+    answers(node)
+    log = node.proc.log_text()
+    assert "out of system resource" not in log and "cannot accept" not in log
+    assert log.count("streaming server at its bound") <= 3
+
+
 def test_slowloris_and_half_open_sessions_are_hung_up(tuned: Node) -> None:
     node = tuned
     cid = sleeper(node, "slow")
