@@ -62,6 +62,29 @@ class ImagesConfig:
 
 
 @dataclass
+class StreamingConfig:
+    """Bounds on the unauthenticated streaming port and on each SPDY session (issue 8)."""
+
+    # Connections of any kind, and those still sending their request head (no token yet).
+    max_connections: int = 512
+    max_pending: int = 128
+    max_pending_per_peer: int = 64
+    # Seconds a client gets to send its whole request head, and to open its exec streams.
+    header_timeout: float = 5.0
+    stream_timeout: float = 15.0
+    # Per session: streams of every kind (open, half-closed, not yet accepted), and the
+    # bytes received but not yet consumed (all streams together).
+    max_streams: int = 128
+    max_session_buffer: int = 16 << 20
+    # Concurrent forwarded connections per port-forward session.
+    max_port_forward_connections: int = 64
+    # File descriptors the streaming server may hold (connections plus forwarded
+    # connections); clamped so at least `fd_reserve` of RLIMIT_NOFILE stay for the rest.
+    max_fds: int = 8192
+    fd_reserve: int = 1024
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -84,6 +107,7 @@ class Config:
     )
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
+    streaming: StreamingConfig = field(default_factory=StreamingConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -179,6 +203,11 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
     for key in ("min_layer_unpacked_bytes", "free_space_reserve"):
         if getattr(cfg.images, key) < 0:
             raise ConfigError(f"images.{key}: must not be negative")
+    for f in dataclasses.fields(StreamingConfig):
+        if getattr(cfg.streaming, f.name) <= 0:
+            raise ConfigError(f"streaming.{f.name}: must be positive")
+    if cfg.streaming.max_pending > cfg.streaming.max_connections:
+        raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -235,6 +264,7 @@ __all__ = [
     "ConfigError",
     "ImagesConfig",
     "RuntimeHandler",
+    "StreamingConfig",
     "load",
     "to_toml",
     "validate",

@@ -122,7 +122,8 @@ class Daemon:
         await containers.recover()
         node = NodeStatus(cfg, store, cni.status)
         streaming = StreamingServer(
-            cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher)
+            cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
+            limits=cfg.streaming,
         )
         try:
             await streaming.start()

@@ -68,6 +68,22 @@ def test_validation_names_the_key(change: dict[str, str], message: str) -> None:
         validate(cfg)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[streaming]\nmax_streams = 0\n", "streaming.max_streams: must be positive"),
+        ("[streaming]\nheader_timeout = -1\n", "streaming.header_timeout: must be positive"),
+        ("[streaming]\nmax_pending = 600\n", "streaming.max_pending: must not exceed"),
+        ("[streaming]\nmax_fds = 'many'\n", "streaming.max_fds: expected int"),
+    ],
+)
+def test_streaming_bounds_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        validate(load(f), check_binaries=False)
+
+
 def test_missing_runtime_binary_is_reported() -> None:
     cfg = Config()
     cfg.runtimes["runc"].path = "/nonexistent/runc"

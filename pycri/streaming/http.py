@@ -12,7 +12,8 @@ import asyncio
 from dataclasses import dataclass, field
 
 MAX_HEAD = 64 * 1024
-HEAD_TIMEOUT = 30.0
+# The whole head must arrive within this, however it is dribbled (slowloris).
+HEAD_TIMEOUT = 5.0
 
 PROTOCOL_HEADER = "x-stream-protocol-version"
 ACCEPTED_HEADER = "X-Accepted-Stream-Protocol-Versions"
@@ -46,10 +47,10 @@ class Request:
         return self.first("upgrade").lower()
 
 
-async def read_request(reader: asyncio.StreamReader) -> Request:
+async def read_request(reader: asyncio.StreamReader, timeout: float = HEAD_TIMEOUT) -> Request:
     """Read one request head (the upgrade requests carry no body)."""
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
     except asyncio.LimitOverrunError:
         raise BadRequest("request head too large") from None
     except asyncio.IncompleteReadError:

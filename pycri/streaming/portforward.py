@@ -6,6 +6,10 @@ and `requestID` headers: `streamType: error` (it only reads it) and
 both ways; the client's FIN half-closes the TCP connection, the pod's FIN
 half-closes the data stream. When the copying ends the server closes the error
 stream — with a message in it if the connection failed — and the client moves on.
+
+A reset of either stream (or the session's end) closes the pod connection at once,
+and a session forwards at most `max_connections` connections at a time, each
+holding a file descriptor taken from the streaming server's budget.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from pycri.streaming.limits import Budget
 from pycri.streaming.session import Session, Stream
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "portforward.k8s.io"
+MAX_CONNECTIONS = 64
 
 Dialer = Callable[[int], Awaitable[socket.socket]]
 """Connects to a port inside the pod."""
@@ -42,6 +49,12 @@ async def _from_pod(reader: asyncio.StreamReader, data: Stream) -> None:
     await data.close()
 
 
+async def _refuse(data: Stream, error: Stream, message: str) -> None:
+    await error.write(message.encode())
+    await error.close()
+    await data.close()
+
+
 async def forward(port_text: str, data: Stream, error: Stream, dial: Dialer) -> None:
     """Serve one forwarded connection; the error stream is closed however it ends."""
     try:
@@ -49,9 +62,7 @@ async def forward(port_text: str, data: Stream, error: Stream, dial: Dialer) -> 
         sock = await dial(port)
     except Exception as e:  # bad port, pod gone, connection refused: all told to the client
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        await error.write(f"error forwarding port {port_text} to pod: {reason}".encode())
-        await error.close()
-        await data.close()
+        await _refuse(data, error, f"error forwarding port {port_text} to pod: {reason}")
         return
     try:
         reader, writer = await asyncio.open_connection(sock=sock)
@@ -59,24 +70,38 @@ async def forward(port_text: str, data: Stream, error: Stream, dial: Dialer) -> 
         sock.close()
         raise
     inbound = asyncio.create_task(_to_pod(data, writer))
+    outbound = asyncio.create_task(_from_pod(reader, data))
+    # Done when both directions are (the client resets or half-closes the data stream
+    # once it has our FIN), or at once when the client resets a stream.
+    both: asyncio.Future[Any] = asyncio.gather(inbound, outbound)
+    aborted: list[asyncio.Future[Any]] = [
+        asyncio.create_task(s.aborted.wait()) for s in (data, error)]
     try:
-        await _from_pod(reader, data)
-        # The client resets or half-closes the data stream once it has our FIN.
-        await inbound
+        await asyncio.wait([both, *aborted], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        inbound.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await inbound
+        for task in (inbound, outbound, *aborted):
+            task.cancel()
+        await asyncio.gather(both, *aborted, return_exceptions=True)
         writer.close()
         with contextlib.suppress(OSError, ConnectionError):
             await writer.wait_closed()
         await error.close()
 
 
-async def serve_spdy(session: Session, dial: Dialer) -> None:
-    """Pair streams by request id and forward each pair until the client hangs up."""
+async def serve_spdy(session: Session, dial: Dialer, fds: Budget | None = None,
+                     max_connections: int = MAX_CONNECTIONS) -> None:  # fmt: skip
+    """Pair streams by request id and forward each pair until the client hangs up.
+
+    Past `max_connections` at once (or with no fd left in `fds`) a pair is refused on
+    its error stream; a client holding more unpaired streams than that is abusive."""
     pending: dict[str, dict[str, Stream]] = {}
     tasks: set[asyncio.Task[None]] = set()
+    fds = fds if fds is not None else Budget(max_connections)
+
+    def finished(task: asyncio.Task[None]) -> None:
+        tasks.discard(task)
+        fds.give()
+
     try:
         while (stream := await session.accept()) is not None:
             kind = stream.header("streamtype")
@@ -89,13 +114,23 @@ async def serve_spdy(session: Session, dial: Dialer) -> None:
                 await stream.reset()
                 continue
             pair[kind] = stream
-            if len(pair) == 2:
-                del pending[key]
-                task = asyncio.create_task(
-                    forward(stream.header("port"), pair["data"], pair["error"], dial)
-                )
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+            if len(pending) > max_connections:
+                session.abort(f"port-forward client left more than {max_connections} "
+                              "stream pairs unfinished")  # fmt: skip
+                return
+            if len(pair) < 2:
+                continue
+            del pending[key]
+            port = stream.header("port")
+            if len(tasks) >= max_connections or not fds.take():
+                limit = (f"{max_connections} in this session" if len(tasks) >= max_connections
+                         else "the node's streaming file descriptor budget")  # fmt: skip
+                await _refuse(pair["data"], pair["error"], f"error forwarding port {port} to "
+                              f"pod: too many forwarded connections ({limit}); try again later")
+                continue
+            task = asyncio.create_task(forward(port, pair["data"], pair["error"], dial))
+            tasks.add(task)
+            task.add_done_callback(finished)
     finally:
         for task in list(tasks):
             task.cancel()

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 V1, V2, V3, V4 = "channel.k8s.io", "v2.channel.k8s.io", "v3.channel.k8s.io", "v4.channel.k8s.io"
 PROTOCOLS = [V4, V3, V2, V1]
 STREAM_TIMEOUT = 30.0
+CHANNELS = ("error", "stdin", "stdout", "stderr", "resize")
 
 
 class ByteReader(Protocol):
@@ -134,22 +135,26 @@ async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> N
 
 
 async def _collect(session: Session, wanted: set[str]) -> dict[str, Stream]:
-    """Accept streams until every wanted channel is open; extra ones are kept too."""
+    """Accept streams until every wanted channel is open; extra known channels are kept
+    too (at most one each), anything else is reset."""
     got: dict[str, Stream] = {}
     while not wanted <= got.keys():
         stream = await session.accept()
         if stream is None:
             raise ConnectionResetError("client went away before opening its streams")
         kind = stream.header("streamtype")
-        if kind in got or not kind:
+        if kind in got or kind not in CHANNELS:
             await stream.reset()
             continue
         got[kind] = stream
     return got
 
 
-async def serve_spdy(session: Session, version: str, opts: Options, handler: Handler) -> None:
-    """Run one exec/attach over `session` and report its outcome."""
+async def serve_spdy(session: Session, version: str, opts: Options, handler: Handler,
+                     stream_timeout: float = STREAM_TIMEOUT) -> None:  # fmt: skip
+    """Run one exec/attach over `session` and report its outcome. Streams opened after
+    the channels are left unaccepted: they count against the session's stream bound,
+    so a client that keeps opening them has its session closed."""
     wanted = {"error"}
     if opts.stdin:
         wanted.add("stdin")
@@ -160,7 +165,7 @@ async def serve_spdy(session: Session, version: str, opts: Options, handler: Han
     if opts.tty and version in (V3, V4):
         wanted.add("resize")
     try:
-        streams = await asyncio.wait_for(_collect(session, wanted), STREAM_TIMEOUT)
+        streams = await asyncio.wait_for(_collect(session, wanted), stream_timeout)
     except (TimeoutError, ConnectionResetError) as e:
         log.info("streaming session abandoned: %s", e or "timed out waiting for streams")
         return

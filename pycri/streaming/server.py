@@ -3,22 +3,33 @@
 The CRI RPCs only validate a request and return `http://<addr>/<kind>/<token>`;
 the client then connects there and upgrades to SPDY/3.1. A token is good for one
 connection within TOKEN_TTL seconds, so a URL cannot be replayed.
+
+The port is open to anyone until a request names a token, so the server bounds
+what connections can hold (pycri.config.StreamingConfig): connections in all,
+connections still sending their request head (in all and per peer address, each
+given `header_timeout` seconds), and file descriptors. At a bound it stops
+accepting, so excess connections wait in the kernel's backlog instead of costing
+fds, and the daemon keeps the fds its CRI socket needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import secrets
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
+from pycri.config import StreamingConfig
 from pycri.errors import InvalidArgument
 from pycri.streaming import http, portforward, remotecommand
+from pycri.streaming.limits import Budget, RateLimitedLog, fd_budget
 from pycri.streaming.remotecommand import StreamIO
 from pycri.streaming.session import Session
 
@@ -26,6 +37,12 @@ log = logging.getLogger(__name__)
 
 TOKEN_TTL = 60.0
 MAX_TOKENS = 1000
+# accept(2) errors that mean "out of fds or memory": wait and retry, never spin.
+_RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+ACCEPT_RETRY = 0.5
+# File descriptors an exec or attach holds besides its connection (pipes or a terminal,
+# a pidfd, the runtime's or conmon's sockets), counted against the same budget.
+PROCESS_FDS = 8
 
 
 @dataclass(frozen=True)
@@ -82,25 +99,52 @@ def parse_address(address: str) -> tuple[str, int]:
 
 
 class StreamingServer:
-    def __init__(self, address: str, backend: Backend, token_ttl: float = TOKEN_TTL) -> None:
+    def __init__(self, address: str, backend: Backend, token_ttl: float = TOKEN_TTL,
+                 limits: StreamingConfig | None = None) -> None:  # fmt: skip
         self.host, self.port = parse_address(address)
         self.backend = backend
         self.token_ttl = token_ttl
+        self.limits = limits or StreamingConfig()
+        self.fds = Budget(self.limits.max_fds)
         self._tokens: dict[str, tuple[float, Request]] = {}
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
+        self._acceptor: asyncio.Task[None] | None = None
         self._sessions: set[asyncio.Task[None]] = set()
+        self._pending: Counter[str] = Counter()  # peer address -> connections before upgrade
+        self._room = asyncio.Event()
+        self._warn = RateLimitedLog(log)
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-        log.info("streaming server on %s", self.base_url)
+        self.fds = Budget(fd_budget(self.limits.max_fds, self.limits.fd_reserve))
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, _, _, _, addr = infos[0]
+        listener = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind(addr)
+            listener.listen(128)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
+        self.port = listener.getsockname()[1]
+        self._acceptor = asyncio.create_task(self._accept_loop(listener))
+        log.info("streaming server on %s (up to %d connections, %d fds)", self.base_url,
+                 self.limits.max_connections, self.fds.total)  # fmt: skip
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        if self._acceptor is not None:
+            self._acceptor.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._acceptor
+            self._acceptor = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
         for task in list(self._sessions):
             task.cancel()
         await asyncio.gather(*self._sessions, return_exceptions=True)
@@ -149,19 +193,75 @@ class StreamingServer:
 
     # -- connections -----------------------------------------------------------------
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _full(self) -> str | None:
+        """Which bound stops us accepting now, if any."""
+        if len(self._sessions) >= self.limits.max_connections:
+            return f"{self.limits.max_connections} connections"
+        if self._pending.total() >= self.limits.max_pending:
+            return f"{self.limits.max_pending} connections without a request"
+        if self.fds.free < 1:
+            return f"{self.fds.total} file descriptors"
+        return None
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while (bound := self._full()) is not None:
+                self._warn.warning("full", f"streaming server at its bound of {bound}; "
+                                   "new connections wait until one ends")  # fmt: skip
+                self._room.clear()
+                await self._room.wait()
+            try:
+                conn, peer = await loop.sock_accept(listener)
+            except OSError as e:
+                if e.errno in _RESOURCE_ERRORS:
+                    self._warn.warning("accept", f"streaming server cannot accept: {e}")
+                    await asyncio.sleep(ACCEPT_RETRY)
+                else:  # the client gave up before we took it (ECONNABORTED and the like)
+                    log.debug("streaming accept failed: %s", e)
+                continue
+            host = str(peer[0]) if isinstance(peer, tuple) else ""
+            if self._pending[host] >= self.limits.max_pending_per_peer:
+                self._warn.warning("peer", f"streaming connection from {host} dropped: it "
+                                   f"has {self._pending[host]} without a request already")
+                conn.close()
+                continue
+            self.fds.take()
+            self._pending[host] += 1
+            task = asyncio.create_task(self._serve(conn, host))
+            self._sessions.add(task)
+
+    def _release(self, host: str | None) -> None:
+        if host is not None:
+            self._pending[host] -= 1
+            if self._pending[host] <= 0:
+                del self._pending[host]
+        self._room.set()
+
+    async def _serve(self, conn: socket.socket, host: str) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._sessions.add(task)
+        pending: str | None = host
+        writer: asyncio.StreamWriter | None = None
         try:
-            await self._handle(reader, writer)
+            reader, writer = await asyncio.open_connection(sock=conn)
+            upgraded = await self._upgrade(reader, writer)
+            if upgraded is not None:
+                self._release(pending)
+                pending = None
+                await self._handle(reader, writer, *upgraded)
         except Exception:
             log.exception("streaming connection failed")
         finally:
+            if writer is None:
+                conn.close()
+            else:
+                writer.close()
+                with contextlib.suppress(Exception):
+                    await writer.wait_closed()
             self._sessions.discard(task)
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+            self.fds.give()
+            self._release(pending)
 
     async def _reply(self, writer: asyncio.StreamWriter, status: int, reason: str,
                      message: str, headers: dict[str, str] | None = None) -> None:  # fmt: skip
@@ -169,52 +269,73 @@ class StreamingServer:
         with contextlib.suppress(ConnectionError):
             await writer.drain()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _upgrade(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                       ) -> tuple[Request, str] | None:  # fmt: skip
+        """Read the request head and switch protocols; None when refused (and answered)."""
         try:
-            request = await http.read_request(reader)
+            request = await http.read_request(reader, self.limits.header_timeout)
         except (http.BadRequest, TimeoutError) as e:
             await self._reply(writer, 400, "Bad Request", str(e) or "request head timed out")
-            return
+            return None
         parts = request.path.strip("/").split("/")
         req = self._redeem(parts[0], parts[1]) if len(parts) == 2 else None
         if req is None:
             await self._reply(writer, 404, "Not Found", "unknown or expired streaming URL")
-            return
+            return None
         if request.upgrade() != "spdy/3.1":
             await self._reply(writer, 400, "Bad Request",
                               "this endpoint needs an upgrade to SPDY/3.1")  # fmt: skip
-            return
+            return None
         supported = [portforward.PROTOCOL] if isinstance(req, PortForwardRequest) else (
             remotecommand.PROTOCOLS)
         version = http.negotiate(request.values(http.PROTOCOL_HEADER), supported)
         if version is None:
             await self._reply(writer, 403, "Forbidden", "no common stream protocol version",
                               {http.ACCEPTED_HEADER: ", ".join(supported)})
-            return
+            return None
+        if not isinstance(req, PortForwardRequest) and not self.fds.take(PROCESS_FDS):
+            await self._reply(writer, 503, "Service Unavailable", "too many streaming "
+                              "sessions on this node; try again later")  # fmt: skip
+            return None
         headers = {"Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
         if version:
             headers["X-Stream-Protocol-Version"] = version
-        writer.write(http.response(101, "Switching Protocols", headers))
-        await writer.drain()
-        session = Session(reader, writer, server=True)
+        try:
+            writer.write(http.response(101, "Switching Protocols", headers))
+            await writer.drain()
+        except BaseException:
+            if not isinstance(req, PortForwardRequest):
+                self.fds.give(PROCESS_FDS)  # _handle, which gives it back, never runs
+            raise
+        return req, version or remotecommand.V1
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      req: Request, version: str) -> None:  # fmt: skip
+        session = Session(reader, writer, server=True, max_streams=self.limits.max_streams,
+                          max_buffer=self.limits.max_session_buffer)  # fmt: skip
         session.start()
         try:
-            await self._run(session, req, version or remotecommand.V1)
+            await self._run(session, req, version)
         finally:
             await session.close()
+            if not isinstance(req, PortForwardRequest):
+                self.fds.give(PROCESS_FDS)
 
     async def _run(self, session: Session, req: Request, version: str) -> None:
         if isinstance(req, PortForwardRequest):
             sid = req.sandbox_id
-            await portforward.serve_spdy(session, lambda port: self.backend.dial(sid, port))
+            await portforward.serve_spdy(session, lambda port: self.backend.dial(sid, port),
+                                         self.fds, self.limits.max_port_forward_connections)
             return
         opts = remotecommand.Options(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
                                      tty=req.tty)  # fmt: skip
         if isinstance(req, ExecRequest):
             exec_req = req
             await remotecommand.serve_spdy(session, version, opts,
-                                           lambda io: self.backend.exec(exec_req, io))
+                                           lambda io: self.backend.exec(exec_req, io),
+                                           self.limits.stream_timeout)  # fmt: skip
         else:
             attach_req = req
             await remotecommand.serve_spdy(session, version, opts,
-                                           lambda io: self.backend.attach(attach_req, io))
+                                           lambda io: self.backend.attach(attach_req, io),
+                                           self.limits.stream_timeout)  # fmt: skip

@@ -4,6 +4,9 @@ Either side may open streams (the server only accepts them in practice; the clie
 role exists for pycri's own tests). Flow control is not enforced: spdystream, the
 only client that speaks SPDY to a CRI streaming server, neither sends nor honours
 WINDOW_UPDATE, so data is buffered as it arrives and written as it is produced.
+What a peer can make a session hold is bounded instead: bytes unread per stream and
+per session (past them the session stops reading, and TCP pushes back), and streams
+of every kind; a peer that keeps opening refused streams has the session closed.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ CHUNK = 32 * 1024
 LINGER = 10.0
 
 
-# Per stream, at most this many received frames wait unread; past that the session stops
-# reading the connection, so TCP pushes back on a client sending faster than we consume.
-MAX_BUFFERED_FRAMES = 32
-# Streams one session may have open at once (exec uses up to 5, port-forward 2 per port).
+# Received bytes one stream may hold unread; past that the session stops reading the
+# connection, so TCP pushes back on a client sending faster than we consume.
+MAX_STREAM_BUFFER = 1 << 20
+# The same for all of a session's streams together, so many streams cannot multiply it.
+MAX_SESSION_BUFFER = 16 << 20
+# Streams one session may hold at once, counting half-closed ones and ones the
+# application has not accepted yet (exec uses up to 5, port-forward 2 per connection).
 MAX_STREAMS = 128
+# At that bound with streams not yet accepted, how long the application gets to take
+# them (a burst of honest opens outruns it) before new ones are refused.
+ACCEPT_GRACE = 2.0
+
+
+class Abuse(Exception):
+    """The peer goes past a bound no honest client reaches; the session is closed."""
 
 
 class Stream:
@@ -36,11 +49,15 @@ class Stream:
         self.id = stream_id
         self.headers = headers
         self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
-        self._space = asyncio.Event()
+        self._buffered = 0
         self.remote_done = False
         self.local_done = False
         self.was_reset = False
         self.replied = asyncio.Event()
+        # Set when the stream is reset or its session ends: whatever serves it should stop.
+        self.aborted = asyncio.Event()
+        # A stream the peer opened counts against the session until the application took it.
+        self.accepted = True
 
     def header(self, name: str) -> str:
         values = self.headers.get(name.lower())
@@ -50,7 +67,8 @@ class Stream:
         if self.remote_done and self._chunks.empty():
             return b""
         chunk = await self._chunks.get()
-        self._space.set()
+        self._buffered -= len(chunk)
+        self.session._consumed(len(chunk))
         return chunk
 
     async def read_all(self) -> bytes:
@@ -80,15 +98,25 @@ class Stream:
         self._on_reset()
         await self.session.send(spdy.RstStream(self.id, status))
 
+    def _discard(self) -> None:
+        """Drop what was received and never read (the stream is gone)."""
+        while not self._chunks.empty():
+            self.session._consumed(len(self._chunks.get_nowait()))
+        self._buffered = 0
+
     # -- fed by the session --------------------------------------------------------
 
     async def _on_data(self, data: bytes, fin: bool) -> None:
         if self.remote_done:
             return
         if data:
-            while self._chunks.qsize() >= MAX_BUFFERED_FRAMES and not self.was_reset:
-                self._space.clear()
-                await self._space.wait()  # backpressure: the session reads no further
+            # Backpressure: the session reads no further until this stream, and the
+            # session as a whole, are back under their bounds.
+            await self.session._room_for(self, len(data))
+            if self.remote_done:
+                return
+            self._buffered += len(data)
+            self.session.buffered += len(data)
             self._chunks.put_nowait(data)
         if fin:
             self._on_remote_fin()
@@ -100,22 +128,37 @@ class Stream:
             self.session.forget_if_done(self)
 
     def _on_reset(self) -> None:
-        self._space.set()
         self.was_reset = True
         self.local_done = True
         self.replied.set()
+        self.aborted.set()
         self._on_remote_fin()
+        self.session._consumed(0)  # wake a read loop waiting for room in this stream
 
 
 class Session:
     """Runs the read loop of one connection and hands out its streams."""
 
     def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, server: bool
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        server: bool,
+        max_streams: int = MAX_STREAMS,
+        max_buffer: int = MAX_SESSION_BUFFER,
     ) -> None:
         self.reader = reader
         self.writer = writer
         self.server = server
+        self.max_streams = max_streams
+        self.max_buffer = max_buffer
+        self.buffered = 0  # bytes received on all streams, not yet read
+        self._space = asyncio.Event()
+        self._refused = 0
+        self._taken = asyncio.Event()  # the application accepted a stream
+        self._stalled = False  # it let a grace period pass without accepting any
+        self.abuse: str | None = None  # why the session was closed on the peer, if it was
         self.codec = spdy.Codec()
         self.streams: dict[int, Stream] = {}
         self.incoming: asyncio.Queue[Stream | None] = asyncio.Queue()
@@ -142,8 +185,18 @@ class Session:
             self._end()
 
     async def accept(self) -> Stream | None:
-        """The next stream the peer opened (already replied to); None once the session ends."""
-        return await self.incoming.get()
+        """The next stream the peer opened (already replied to); None once the session ends.
+        Streams the peer reset before they were accepted are skipped."""
+        while (stream := await self.incoming.get()) is not None:
+            stream.accepted = True
+            self._taken.set()
+            self._stalled = False
+            self.forget_if_done(stream)
+            if not stream.was_reset:
+                return stream
+            stream._discard()
+        self.incoming.put_nowait(None)  # every later accept() sees the end too
+        return None
 
     async def open(self, headers: spdy.Headers, timeout: float = 30.0) -> Stream:
         """Open a stream and wait for the peer's SYN_REPLY."""
@@ -166,8 +219,38 @@ class Session:
         await asyncio.wait_for(fut, timeout)
 
     def forget_if_done(self, stream: Stream) -> None:
-        if stream.local_done and stream.remote_done:
+        if stream.local_done and stream.remote_done and stream.accepted:
             self.streams.pop(stream.id, None)
+
+    def abort(self, reason: str) -> None:
+        """Close the session on a peer that went past a bound: GOAWAY, then hang up
+        without lingering (the peer is not owed the rest of its data)."""
+        if self.abuse is None:
+            self.abuse = reason
+            log.warning("closing SPDY session: %s", reason)
+        if not self.writer.is_closing():
+            with contextlib.suppress(Exception):
+                self.writer.write(self.codec.encode(
+                    spdy.GoAway(self._last_remote_id, spdy.PROTOCOL_ERROR)))
+            self.writer.close()
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+        self._end()
+
+    async def _room_for(self, stream: Stream, size: int) -> None:
+        """Wait until `size` more bytes fit in `stream` and in the session (a frame
+        bigger than a bound still goes through alone, so nothing waits forever on an
+        empty buffer)."""
+        while not stream.was_reset and not self.closed.is_set() and (
+            (stream._buffered and stream._buffered + size > MAX_STREAM_BUFFER)
+            or (self.buffered and self.buffered + size > self.max_buffer)
+        ):
+            self._space.clear()
+            await self._space.wait()
+
+    def _consumed(self, size: int) -> None:
+        self.buffered -= size
+        self._space.set()
 
     async def close(self, linger: float = LINGER) -> None:
         """Say GOAWAY, stop writing, and give the peer `linger` seconds to hang up before
@@ -193,9 +276,11 @@ class Session:
         if self.closed.is_set():
             return
         self.closed.set()
+        self._space.set()
         for stream in list(self.streams.values()):
             stream._on_remote_fin()
             stream.replied.set()
+            stream.aborted.set()
         self.incoming.put_nowait(None)
         for fut in self._pings.values():
             if not fut.done():
@@ -213,6 +298,8 @@ class Session:
             log.info("SPDY protocol error from peer: %s", e)
             with contextlib.suppress(Exception):
                 await self.send(spdy.GoAway(self._last_remote_id, spdy.PROTOCOL_ERROR))
+        except Abuse as e:
+            self.abort(str(e))
         except (ConnectionError, OSError):
             pass
         finally:
@@ -236,9 +323,10 @@ class Session:
             if stream is not None and frame.fin:
                 stream._on_remote_fin()
         elif isinstance(frame, spdy.RstStream):
-            stream = self.streams.pop(frame.stream_id, None)
+            stream = self.streams.get(frame.stream_id)
             if stream is not None:
                 stream._on_reset()
+                self.forget_if_done(stream)  # an unaccepted one still counts until taken
         elif isinstance(frame, spdy.Ping):
             if frame.ping_id % 2 == self._next_ping % 2:
                 fut = self._pings.pop(frame.ping_id, None)
@@ -255,13 +343,14 @@ class Session:
         sid = frame.stream_id
         own_parity = self._next_id % 2
         if sid % 2 == own_parity or sid <= self._last_remote_id or self._going_away:
-            await self.send(spdy.RstStream(sid, spdy.PROTOCOL_ERROR))
+            await self._refuse(sid, spdy.PROTOCOL_ERROR)
             return
-        if len(self.streams) >= MAX_STREAMS:
-            await self.send(spdy.RstStream(sid, spdy.REFUSED_STREAM))
+        if len(self.streams) >= self.max_streams and not await self._room_for_stream():
+            await self._refuse(sid, spdy.REFUSED_STREAM)
             return
         self._last_remote_id = sid
         stream = Stream(self, sid, frame.headers)
+        stream.accepted = False
         stream.replied.set()
         if frame.unidirectional:
             stream.local_done = True
@@ -270,3 +359,27 @@ class Session:
         if frame.fin:
             stream._on_remote_fin()
         self.incoming.put_nowait(stream)
+
+    async def _room_for_stream(self) -> bool:
+        """At the stream bound, wait up to ACCEPT_GRACE for the application to take
+        the streams it has not (once: an application that stopped accepting, like an
+        exec that has its channels, is not waited for again until it takes one)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ACCEPT_GRACE
+        while (len(self.streams) >= self.max_streams and not self.incoming.empty()
+               and not self._stalled and not self.closed.is_set()):  # fmt: skip
+            self._taken.clear()
+            try:
+                await asyncio.wait_for(self._taken.wait(), deadline - loop.time())
+            except TimeoutError:
+                self._stalled = True
+        return len(self.streams) < self.max_streams
+
+    async def _refuse(self, sid: int, status: int) -> None:
+        """Reset a stream we will not take; a peer that keeps opening them is abusive
+        (an honest one stops when its streams are refused)."""
+        self._refused += 1
+        if self._refused > self.max_streams:
+            raise Abuse(f"peer opened {self._refused} streams that were refused "
+                        f"(at most {self.max_streams} may be open at once)")  # fmt: skip
+        await self.send(spdy.RstStream(sid, status))

@@ -47,6 +47,10 @@ MAX_LENGTH = (1 << 24) - 1
 # What we accept from a peer: client-go writes 32 KiB data frames and small header blocks,
 # so a bigger frame (or header block inflating past this) is an attack on our memory.
 MAX_RECEIVE = 1 << 20
+# A header block, inflated, and its number of names: client-go sends a handful of short
+# headers; sessions keep every stream's headers, so these bound what one stream costs.
+MAX_HEADER_BLOCK = 64 * 1024
+MAX_HEADERS = 64
 _ID_MASK = 0x7FFFFFFF
 
 Headers = dict[str, list[str]]
@@ -170,6 +174,8 @@ def decode_header_block(block: bytes) -> Headers:
     """Parse an uncompressed block; it must be consumed exactly."""
     try:
         (count,) = struct.unpack_from(">I", block, 0)
+        if count > MAX_HEADERS:
+            raise SpdyError(f"header block with {count} names (limit {MAX_HEADERS})")
         pos = 4
         headers: Headers = {}
         for _ in range(count):
@@ -267,11 +273,11 @@ class Codec:
 
     def _headers(self, block: bytes) -> Headers:
         try:
-            raw = self._inflate.decompress(block, MAX_RECEIVE)
+            raw = self._inflate.decompress(block, MAX_HEADER_BLOCK)
         except zlib.error as e:
             raise SpdyError(f"header block does not decompress: {e}") from None
         if self._inflate.unconsumed_tail:
-            raise SpdyError(f"header block inflates past {MAX_RECEIVE} bytes")
+            raise SpdyError(f"header block inflates past {MAX_HEADER_BLOCK} bytes")
         return decode_header_block(raw)
 
     def _parse(self, head: bytes, body: bytes) -> Frame | None:

@@ -156,8 +156,8 @@ async def sessions() -> AsyncIterator[tuple[Session, Session]]:
     client.start()
     srv = await accepted.get()
     yield client, srv
+    await srv.close(linger=1)  # first: a client blocked on a full socket then gets an error
     await client.close(linger=1)
-    await srv.close(linger=1)
     server.close()
 
 
@@ -207,9 +207,81 @@ async def test_a_slow_reader_pushes_back_instead_of_buffering(
     assert incoming is not None
     sender = asyncio.create_task(stream.write(b"y" * (64 << 20)))  # 64 MiB, nobody reading
     await asyncio.sleep(1.0)
-    assert incoming._chunks.qsize() <= session_mod.MAX_BUFFERED_FRAMES
+    assert incoming._buffered <= session_mod.MAX_STREAM_BUFFER + 32 * 1024
     assert not sender.done()  # the sender is held back by TCP, not buffered by us
     total = 0
     while total < 64 << 20:
         total += len(await incoming.read())
     await sender
+
+
+async def test_streams_never_accepted_count_and_a_flood_closes_the_session(
+    sessions: tuple[Session, Session],
+) -> None:
+    # Opened already finished both ways (FIN|UNIDIRECTIONAL) and never accepted: each still
+    # counts until the application takes it, and a peer that keeps opening refused streams
+    # has the session closed instead of piling them up.
+    client, srv = sessions
+    limit = session_mod.MAX_STREAMS
+    for k in range(3 * limit):
+        await client.send(spdy.SynStream(1 + 2 * k, {"streamtype": [f"x{k}"]}, fin=True,
+                                         unidirectional=True))  # fmt: skip
+        if srv.closed.is_set():
+            break
+    await asyncio.wait_for(srv.closed.wait(), 10)
+    assert srv.abuse is not None and "refused" in srv.abuse
+    assert len(srv.streams) <= limit and srv.incoming.qsize() <= limit + 1
+
+
+async def test_many_streams_share_one_buffer_bound(sessions: tuple[Session, Session]) -> None:
+    # Frames of 1 MiB, fewer per stream than any per-stream frame count would stop, on
+    # many streams: the session as a whole holds at most its bound.
+    client, srv = sessions
+    srv.max_buffer = 4 << 20
+    opened = [await client.open({"streamtype": [f"s{i}"]}) for i in range(10)]
+    frame = b"q" * spdy.MAX_RECEIVE
+
+    async def flood() -> None:
+        for _ in range(3):
+            for s in opened:
+                await client.send(spdy.DataFrame(s.id, frame))
+
+    sender = asyncio.create_task(flood())
+    await asyncio.sleep(1.5)  # nobody reads on the server side yet
+    held = sum(len(c) for s in srv.streams.values() for c in s._chunks._queue)  # type: ignore[attr-defined]
+    assert held <= srv.max_buffer + spdy.MAX_RECEIVE, f"{held >> 20} MiB buffered"
+    assert held == srv.buffered
+    accepted = [await srv.accept() for _ in opened]
+
+    async def read(stream: session_mod.Stream | None, size: int) -> int:
+        assert stream is not None
+        total = 0
+        while total < size:
+            total += len(await stream.read())
+        return total
+
+    # Nothing was dropped: everything arrives once the streams are read.
+    assert await asyncio.gather(*(read(s, 3 * len(frame)) for s in accepted)) == [
+        3 * len(frame)] * 10
+    await sender
+
+
+async def test_a_burst_the_application_keeps_up_with_is_not_abuse(
+    sessions: tuple[Session, Session],
+) -> None:
+    # 400 streams arriving in one read (as many port-forward connections opened at once):
+    # the session waits for the application to take them instead of refusing them.
+    client, srv = sessions
+    got: list[session_mod.Stream] = []
+
+    async def take() -> None:
+        while len(got) < 400 and (stream := await srv.accept()) is not None:
+            got.append(stream)
+            await asyncio.sleep(0)
+
+    taker = asyncio.create_task(take())
+    for k in range(400):
+        await client.send(spdy.SynStream(1 + 2 * k, {"streamtype": ["data"]}, fin=True,
+                                         unidirectional=True))  # fmt: skip
+    await asyncio.wait_for(taker, 10)
+    assert srv.abuse is None and len(got) == 400
