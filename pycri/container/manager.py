@@ -453,6 +453,8 @@ class ContainerManager:
         c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, finished_at
         if self.launcher.oom_killed(oid):
             c.reason = "OOMKilled"
+        elif lost := self.launcher.monitor_lost(oid):
+            c.reason, c.message = "MonitorDied", lost
         else:
             c.reason = "Completed" if code == 0 else "Error"
         self._save(c)

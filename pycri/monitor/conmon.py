@@ -28,7 +28,6 @@ from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
 
 DEFAULT_CONMON = "/usr/bin/conmon"
-CREATE_TIMEOUT = 120.0
 _FIFOS = ("ctl", "winsz", "attach")
 
 
@@ -60,6 +59,21 @@ def conmon_pid_file(persist_dir: Path) -> Path:
 def oom_file(persist_dir: Path) -> Path:
     """conmon creates this (empty) when the container's memory cgroup saw an OOM kill."""
     return Path(persist_dir) / "oom"
+
+
+def lost_file(persist_dir: Path) -> Path:
+    """Written by pycri (not conmon) when conmon died without reporting the exit; it
+    holds the message the exit is reported with."""
+    return Path(persist_dir) / "monitor-lost"
+
+
+def is_monitor_of(pid: int, cid: str) -> bool:
+    """Whether `pid` is (still) the conmon of `cid`, not a process that reused its pid."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and os.path.basename(argv[0]) == b"conmon" and cid.encode() in argv
 
 
 def oom_killed(persist_dir: Path) -> bool:
@@ -124,7 +138,7 @@ async def create(
     conmon_cgroups: list[Path] | None = None,
     log_size_max: int | None = None,
     conmon: str = DEFAULT_CONMON,
-    timeout: float = CREATE_TIMEOUT,
+    timeout: float | None = None,
     reaper: Reaper | None = None,
 ) -> Created:
     """Have conmon run `runtime create`; returns once the container exists (not started).
@@ -132,8 +146,11 @@ async def create(
     `conmon_cgroups`: existing cgroup directories (one per hierarchy) conmon is moved
     into before it forks, so it and the runtime are accounted there.
     `reaper`: told the daemonized conmon's pid, so its exit leaves no zombie.
-    On any failure everything this call made is removed again and conmon is gone.
+    `timeout`: how long `runtime create` may take (default: the runtime's own limit).
+    On any failure everything this call made is removed again, and conmon is gone with
+    the runtime it ran (a hung runtime is killed with it).
     """
+    limit = runtime.timeout if timeout is None else timeout
     check_id(cid)
     bundle = Path(bundle)
     if not (bundle / "config.json").is_file():
@@ -184,13 +201,14 @@ async def create(
         conmon_pid = int(conmon_pid_file(persist_dir).read_text().strip())
         if reaper is not None:
             reaper.track(conmon_pid)
-        pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), timeout)
+        pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
         return Created(pid=pid, conmon_pid=conmon_pid)
     except BaseException as e:
         await _undo(cid, bundle, runtime, persist_dir, made_persist, Path(log_path), made_log,
-                    conmon_pid)  # fmt: skip
+                    conmon_pid, reaper)  # fmt: skip
         if isinstance(e, TimeoutError):
-            msg = f"{runtime.name} create {cid}: no answer in {timeout:g}s"
+            msg = (f"{runtime.name} create {cid}: no answer within {limit:g}s, killed "
+                   f"(the limit is runtimes.{runtime.name}.timeout)")
             raise DeadlineExceeded(msg) from None
         raise
     finally:
@@ -242,12 +260,11 @@ async def _undo(
     log_path: Path,
     made_log: bool,
     conmon_pid: int,
+    reaper: Reaper | None,
 ) -> None:
     """Remove what a failed create left: conmon, runtime state, fifos, pid and log files."""
     if conmon_pid > 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(conmon_pid, signal.SIGKILL)
-        await wait_gone(conmon_pid, 10.0)
+        await kill_monitor(conmon_pid, reaper)
     with contextlib.suppress(PycriError):
         await runtime.delete(cid, force=True)
     for name in _FIFOS:
@@ -262,6 +279,42 @@ async def _undo(
     if made_log:
         with contextlib.suppress(FileNotFoundError):
             log_path.unlink()
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The pids in process group `pgid` (field 5 of /proc/<pid>/stat)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
+
+
+async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 10.0) -> None:
+    """SIGKILL a conmon with its process group: conmon leads its own session, and the
+    runtime it is running (perhaps hung) is in it. What the kill re-parents to us (we
+    are a subreaper) is reaped, so no zombie is left."""
+    try:
+        leader = os.getpgid(conmon_pid) == conmon_pid
+    except ProcessLookupError:
+        return
+    members = _group_members(conmon_pid) if leader else [conmon_pid]
+    with contextlib.suppress(ProcessLookupError):
+        if leader:
+            os.killpg(conmon_pid, signal.SIGKILL)
+        else:
+            os.kill(conmon_pid, signal.SIGKILL)
+    await wait_gone(conmon_pid, timeout)
+    if reaper is not None:
+        for pid in members:
+            reaper.track(pid)
 
 
 async def wait_gone(pid: int, timeout: float) -> bool:
