@@ -23,6 +23,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri import procs
 from pycri.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, PycriError
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
@@ -281,22 +282,6 @@ async def _undo(
             log_path.unlink()
 
 
-def _group_members(pgid: int) -> list[int]:
-    """The pids in process group `pgid` (field 5 of /proc/<pid>/stat)."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[2]) == pgid:
-            found.append(int(entry.name))
-    return found
-
-
 async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 10.0) -> None:
     """SIGKILL a conmon with its process group: conmon leads its own session, and the
     runtime it is running (perhaps hung) is in it. What the kill re-parents to us (we
@@ -305,16 +290,16 @@ async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 
         leader = os.getpgid(conmon_pid) == conmon_pid
     except ProcessLookupError:
         return
-    members = _group_members(conmon_pid) if leader else [conmon_pid]
-    with contextlib.suppress(ProcessLookupError):
-        if leader:
-            os.killpg(conmon_pid, signal.SIGKILL)
-        else:
+    if not leader:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(conmon_pid, signal.SIGKILL)
+        await wait_gone(conmon_pid, timeout)
+        return
+    procs.kill_group(conmon_pid)
     await wait_gone(conmon_pid, timeout)
     if reaper is not None:
-        for pid in members:
-            reaper.track(pid)
+        reaper.reap()  # conmon itself, tracked since its pid file was read
+    procs.reap_orphans_of(conmon_pid)
 
 
 async def wait_gone(pid: int, timeout: float) -> bool:

@@ -20,7 +20,9 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
-from tests.lib.faults import HangingRuntime
+from tests.e2e.test_sandbox import chain_test_plugin, host_local_leases
+from tests.lib.faults import HangingRuntime, hanging_plugin, wait_gone
+from tests.network.helpers import nat_rules_with
 
 pytestmark = pytest.mark.e2e
 
@@ -82,7 +84,7 @@ def _assert_deadline(err: grpc.RpcError, hang: HangingRuntime) -> None:
     assert "no answer within" in (err.details() or ""), err.details()
     assert "runtimes.hang.timeout" in (err.details() or "")
     assert hang.hung_pids(), "the runtime never hung: the test proves nothing"
-    assert hang.alive() == [], "the hung runtime (or its child) was left running"
+    assert hang.left() == [], "the hung runtime (or its child) was left running or a zombie"
 
 
 def test_hung_runtime_create_is_killed_and_undone(node: Node, hang: HangingRuntime) -> None:
@@ -154,11 +156,6 @@ def _pids(node: Node, oid: str) -> tuple[int, int]:
     return int((monitor / "conmon.pid").read_text()), int((monitor / "pidfile").read_text())
 
 
-def _exists(pid: int) -> bool:
-    """Alive or a zombie nobody reaped: both are leaks."""
-    return Path(f"/proc/{pid}").exists()
-
-
 def _wait_exited(node: Node, cid: str, wait: float = 60) -> pb.ContainerStatus:
     deadline = time.monotonic() + wait
     while (st := node.status(cid)).state != pb.CONTAINER_EXITED:
@@ -172,10 +169,7 @@ def _assert_monitor_died(node: Node, cid: str, pid: int, conmon_pid: int) -> Non
     assert st.reason == "MonitorDied", st
     assert f"conmon, pid {conmon_pid}" in st.message and "killed" in st.message, st.message
     assert st.exit_code == 137
-    deadline = time.monotonic() + 30
-    while _exists(pid):  # killed and reaped, not left running or a zombie
-        assert time.monotonic() < deadline, Path(f"/proc/{pid}/status").read_text()
-        time.sleep(0.1)
+    assert wait_gone([pid], 30) == [], "container process left running or a zombie"
     rt = node.cri.runtime
     rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=CLIENT_WAIT)
     rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=CLIENT_WAIT)
@@ -211,6 +205,64 @@ def test_infra_monitor_sigkill_makes_pod_notready(node: Node) -> None:
     while node.pod_status(sid).state != pb.SANDBOX_NOTREADY:
         assert time.monotonic() < deadline, "pod still READY with its infra's monitor dead"
         time.sleep(0.2)
-    while _exists(pid):
-        assert time.monotonic() < deadline, "infra process left behind"
-        time.sleep(0.1)
+    assert wait_gone([pid], 30) == [], "infra process left running or a zombie"
+
+
+# -- a hanging CNI plugin ---------------------------------------------------------------
+
+PLUGIN_TIMEOUT = 3
+
+
+def _hung_plugin_node(node: Node, hang_on: str) -> tuple[Path, Path]:
+    """Chain plugin "hangplug" (hanging on `hang_on`) with a short cni.plugin_timeout;
+    returns (plugin path, file of the pids that hung)."""
+    pids = node.tmp / "plugin-hung"
+    cfg = node.proc.config
+    cfg.write_text(cfg.read_text().replace(
+        "[cni]\n", f"[cni]\nplugin_timeout = {PLUGIN_TIMEOUT}\n"))
+    return chain_test_plugin(node, "hangplug", hanging_plugin(hang_on, pids)), pids
+
+
+def _hung(pids: Path) -> list[int]:
+    return [int(p) for p in pids.read_text().split()] if pids.exists() else []
+
+
+def _assert_plugin_killed(err: grpc.RpcError, pids: Path) -> None:
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+    details = err.details() or ""
+    assert "'hangplug'" in details and "no answer within" in details, details
+    assert "cni.plugin_timeout" in details, details
+    assert _hung(pids), "the plugin never hung: the test proves nothing"
+    assert wait_gone(_hung(pids), 30) == [], "hung plugin left running or a zombie"
+
+
+def test_hung_cni_plugin_add_is_killed_and_undone(node: Node) -> None:
+    plugin, pids = _hung_plugin_node(node, "ADD")
+    rt = node.cri.runtime
+    err = _rpc_error(rt.RunPodSandbox, pb.RunPodSandboxRequest(config=node.pod_config("cni")))
+    _assert_plugin_killed(err, pids)
+    # The undo ran: earlier plugins DEL'd (no lease, no NAT rule), no netns, no pod.
+    assert list(rt.ListPodSandbox(pb.ListPodSandboxRequest()).items) == []
+    assert host_local_leases(node) == []
+    assert [r for r in nat_rules_with(f"e2e-{node.bridge}")] == []
+    assert list((node.tmp / "root" / "sandboxes").glob("*")) == []
+    assert list((node.tmp / "root" / "cni-cache").rglob("*.json")) == []
+    assert not [n for n in os.listdir("/run/netns") if n.startswith("pycri-")
+                and n.removeprefix("pycri-") in node.proc.log_text()]
+    # Once the plugin answers, the same pod runs.
+    plugin.write_text(hanging_plugin("NEVER", pids))
+    sid, _ = node.run_pod("cni")
+    assert node.pod_status(sid).state == pb.SANDBOX_READY
+
+
+def test_hung_cni_plugin_del_fails_stop_which_can_be_retried(node: Node) -> None:
+    plugin, pids = _hung_plugin_node(node, "DEL")
+    rt = node.cri.runtime
+    sid, _ = node.run_pod("cni-del")
+    err = _rpc_error(rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    _assert_plugin_killed(err, pids)
+    assert host_local_leases(node) == []  # bridge's DEL ran although hangplug's hung
+    plugin.write_text(hanging_plugin("NEVER", pids))
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
+    assert list((node.tmp / "root" / "cni-cache").rglob("*.json")) == []

@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 
 _WRAPPER = """#!/bin/sh
@@ -64,23 +65,26 @@ class HangingRuntime:
         text = hung.read_text() if hung.exists() else ""
         return [int(p) for p in text.split()]
 
-    def alive(self) -> list[int]:
-        """The hung processes still running (zombies count as gone)."""
-        return [p for p in self.hung_pids() if _running(p)]
+    def left(self, wait: float = 30.0) -> list[int]:
+        """The hung processes still there (running, or zombies nobody reaped) once
+        `wait` seconds have passed or all are gone."""
+        return wait_gone(self.hung_pids(), wait)
 
     def kill_all(self) -> None:
         """Safety net for a failed test: end the hung processes, by pid."""
-        for pid in self.alive():
+        for pid in wait_gone(self.hung_pids(), 0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
 
 
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+def wait_gone(pids: list[int], wait: float) -> list[int]:
+    """The `pids` still in /proc (alive or zombie) after up to `wait` seconds."""
+    deadline = time.monotonic() + wait
+    while (left := [p for p in pids if os.path.exists(f"/proc/{p}")]) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    return left
 
 
 def hanging_plugin(hang_on: str, pidfile: Path) -> str:
