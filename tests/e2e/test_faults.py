@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,9 @@ import pytest
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
 from tests.e2e.test_sandbox import chain_test_plugin, host_local_leases
-from tests.lib.faults import HangingRuntime, hanging_plugin, wait_gone
+from tests.lib import images
+from tests.lib.faults import DroppingProxy, HangingRuntime, hanging_plugin, wait_gone
+from tests.lib.registry import Registry
 from tests.network.helpers import nat_rules_with
 
 pytestmark = pytest.mark.e2e
@@ -266,3 +269,90 @@ def test_hung_cni_plugin_del_fails_stop_which_can_be_retried(node: Node) -> None
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
     assert list((node.tmp / "root" / "cni-cache").rglob("*.json")) == []
+
+
+# -- the registry dying mid-pull ----------------------------------------------------------
+
+
+def _image_files(node: Node) -> set[str]:
+    root = node.tmp / "root"
+    return {str(p.relative_to(root)) for d in ("content", "layers", "tmp", "snapshots")
+            for p in (root / d).rglob("*") if p.is_file()}
+
+
+def test_registry_dying_mid_pull_leaves_nothing(node: Node, registry: Registry) -> None:
+    big = [images.file("big", os.urandom(4 << 20))]  # incompressible: 4 MiB on the wire
+    spec = images.ImageSpec(layers=[*images.busybox_layers(), big])
+    ref = images.push_image(registry.addr, node.tmp / "layout-big", "midpull", "v1", [spec])
+    proxy = DroppingProxy(registry.addr, limit=1 << 20)
+    try:
+        via = ref.replace(registry.addr, proxy.addr)
+        before = _image_files(node)
+        err = _rpc_error(node.cri.image.PullImage,
+                         pb.PullImageRequest(image=pb.ImageSpec(image=via)))
+        assert proxy.dropped, "the proxy never cut a connection: the test proves nothing"
+        assert err.code() == grpc.StatusCode.UNAVAILABLE, err.details()
+        assert proxy.addr in (err.details() or ""), err.details()
+        assert _image_files(node) == before  # nothing half-written in content/ or layers/
+        listed = node.cri.image.ListImages(pb.ListImagesRequest()).images
+        assert not [i for i in listed if any("midpull" in t for t in i.repo_tags)]
+        # The registry is back: the next pull completes and the image runs.
+        proxy.limit = None
+        node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=via)),
+                                 timeout=CLIENT_WAIT)
+        st = node.cri.image.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=via)))
+        assert st.image.id and st.image.size >= 4 << 20
+    finally:
+        proxy.close()
+
+
+# -- the metadata database left mid-transaction ---------------------------------------------
+
+_WRITER = r"""
+import json, sqlite3, sys
+db = sqlite3.connect(sys.argv[1], timeout=float(sys.argv[2]), isolation_level=None)
+try:
+    db.execute("BEGIN IMMEDIATE")
+except sqlite3.OperationalError as e:
+    print("locked:", e, flush=True)
+    sys.exit(3)
+db.execute("DELETE FROM records WHERE kind = 'container'")
+junk = json.dumps({"junk": "x" * 65536})
+for i in range(400):  # ~26 MB: more than the page cache, so it spills into the WAL
+    db.execute("INSERT INTO records VALUES ('sandbox', ?, ?)", (f"bogus{i}", junk))
+print("in transaction", flush=True)
+sys.stdin.read()  # killed here, the transaction still open
+"""
+
+
+def test_db_left_mid_transaction_recovers(node: Node) -> None:
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("db")
+    cid = node.run(sid, pod, "c", ["sleep", "1000"])
+    db = str(node.tmp / "root" / "pycri.db")
+    # While pycri runs, no other writer gets in (so none can stall or fail its writes).
+    other = subprocess.run([sys.executable, "-c", _WRITER, db, "0.5"], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert other.returncode == 3 and "locked" in other.stdout, (other.stdout, other.stderr)
+    sid2, _ = node.run_pod("db-2")
+    # pycri dies by SIGKILL; then a writer dies by SIGKILL inside its transaction.
+    node.cri.channel.close()
+    node.proc.kill()
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, db, "10"], text=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().startswith("in transaction")
+        assert os.path.getsize(db + "-wal") > 1 << 20  # the open transaction reached the WAL
+    finally:
+        writer.kill()
+        writer.wait()
+    node.proc.start()
+    node.cri = node.proc.client()
+    rt = node.cri.runtime
+    # Everything the client was told exists is there, and nothing of the dead writer.
+    assert {p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items} == {sid, sid2}
+    assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == [cid]
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+    sid3, _ = node.run_pod("db-3")  # and pycri writes on
+    assert node.pod_status(sid3).state == pb.SANDBOX_READY
