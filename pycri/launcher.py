@@ -192,12 +192,10 @@ class Launcher:
         for runtime in self.runtimes.values():
             if (runtime.root / oid).exists():
                 await runtime.kill(oid, signal.SIGKILL, all_processes=True)
-        try:
-            pid = int(conmon.pid_file(self.persist_dir(oid)).read_text())
-        except (OSError, ValueError):
-            return
-        await conmon.wait_gone(pid, 10.0)
-        self.reaper.track(pid)
+        pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
+        if pid:
+            await conmon.wait_gone(pid, 10.0)
+            self.reaper.track(pid)
 
     def monitor_lost(self, oid: str) -> str:
         """Why `oid`'s exit was recorded by pycri instead of conmon ("" if it was not)."""
@@ -234,10 +232,7 @@ class Launcher:
         return self._event(oid).is_set() or self._watcher.report(oid)
 
     def _monitor_pid(self, oid: str) -> int:
-        try:
-            return int(conmon.conmon_pid_file(self.persist_dir(oid)).read_text())
-        except (OSError, ValueError):
-            return 0
+        return conmon.read_pid(conmon.conmon_pid_file(self.persist_dir(oid)))
 
     def exit_code(self, oid: str) -> int | None:
         try:

@@ -53,6 +53,14 @@ def pid_file(persist_dir: Path) -> Path:
     return Path(persist_dir) / "pidfile"
 
 
+def read_pid(path: Path) -> int:
+    """The pid in a pid file, 0 if there is none (yet)."""
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def conmon_pid_file(persist_dir: Path) -> Path:
     return Path(persist_dir) / "conmon.pid"
 
@@ -268,6 +276,12 @@ async def _undo(
         await kill_monitor(conmon_pid, reaper)
     with contextlib.suppress(PycriError):
         await runtime.delete(cid, force=True)
+    init = read_pid(pid_file(persist_dir))
+    if init and conmon_pid > 0 and reaper is not None:
+        # The runtime had made the process (`runc init`): with conmon killed it was
+        # re-parented to us, and as an unreaped zombie in a shared PID namespace it
+        # would keep the pod's infra from ever finishing its exit.
+        reaper.track(init)
     for name in _FIFOS:
         with contextlib.suppress(FileNotFoundError):
             (bundle / name).unlink()

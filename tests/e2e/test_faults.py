@@ -82,19 +82,39 @@ def _runtime_ids(node: Node) -> set[str]:
     return set(out.split())
 
 
-def _assert_deadline(err: grpc.RpcError, hang: HangingRuntime) -> None:
+def _zombies(node: Node, wait: float = 30) -> list[str]:
+    """pycri's children that exited and were never reaped (after up to `wait` s)."""
+    assert node.proc.proc is not None
+    daemon = str(node.proc.proc.pid)
+    deadline = time.monotonic() + wait
+    while True:
+        found = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] == "Z" and fields[1] == daemon:
+                found.append(stat.parent.name)
+        if not found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def _assert_deadline(err: grpc.RpcError, hang: HangingRuntime, node: Node) -> None:
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err.details()
     assert "no answer within" in (err.details() or ""), err.details()
     assert "runtimes.hang.timeout" in (err.details() or "")
     assert hang.hung_pids(), "the runtime never hung: the test proves nothing"
     assert hang.left() == [], "the hung runtime (or its child) was left running or a zombie"
+    assert _zombies(node) == [], "pycri left zombies"
 
 
 def test_hung_runtime_create_is_killed_and_undone(node: Node, hang: HangingRuntime) -> None:
     sid, pod = _hang_pod(node, "hang-create")
     hang.hang("create")
     err = _rpc_error(node.cri.runtime.CreateContainer, _create(node, sid, pod, "c"))
-    _assert_deadline(err, hang)
+    _assert_deadline(err, hang, node)
     # Nothing of the container is left: no record, bundle, runtime state or monitor.
     assert list(node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers) == []
     assert sorted(p.name for p in (node.tmp / "state" / "bundles").iterdir()) == [sid]
@@ -108,6 +128,27 @@ def test_hung_runtime_create_is_killed_and_undone(node: Node, hang: HangingRunti
     assert node.status(cid).state == pb.CONTAINER_RUNNING
 
 
+def test_runtime_hung_after_create_is_undone(node: Node, hang: HangingRuntime) -> None:
+    """runc has made the container (state, cgroup, `runc init`) and then hangs: the
+    deadline removes all of it, not just what pycri made."""
+    sid, pod = _hang_pod(node, "hang-after-create")
+    hang.hang("create", after=True)
+    err = _rpc_error(node.cri.runtime.CreateContainer, _create(node, sid, pod, "c"))
+    _assert_deadline(err, hang, node)
+    [cid] = hang.done_before_hang()
+    assert list(node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers) == []
+    assert _runtime_ids(node) == {sid}
+    assert list(Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{cid}")) == []
+    assert not (node.tmp / "state" / "bundles" / cid).exists()
+    # Its `runc init` is reaped too: as a zombie in the pod's PID namespace it kept the
+    # infra from exiting, and the pod could not be removed.
+    hang.release()
+    rt = node.cri.runtime
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=CLIENT_WAIT)
+    assert list(rt.ListPodSandbox(pb.ListPodSandboxRequest()).items) == []
+
+
 def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime) -> None:
     """start, kill (StopContainer), update and delete (RemoveContainer) each get the
     deadline, the hung process group is killed, and the call works once retried."""
@@ -117,7 +158,7 @@ def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime)
 
     hang.hang("start")
     _assert_deadline(_rpc_error(rt.StartContainer, pb.StartContainerRequest(container_id=cid)),
-                     hang)
+                     hang, node)
     st = node.status(cid)
     assert st.state == pb.CONTAINER_EXITED and st.reason == "StartError", st
     hang.release()
@@ -129,11 +170,11 @@ def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime)
     hang.hang("update")
     update = pb.UpdateContainerResourcesRequest(
         container_id=cid, linux=pb.LinuxContainerResources(cpu_shares=512))
-    _assert_deadline(_rpc_error(rt.UpdateContainerResources, update), hang)
+    _assert_deadline(_rpc_error(rt.UpdateContainerResources, update), hang, node)
     hang.release()
     hang.hang("kill")
     stop = pb.StopContainerRequest(container_id=cid, timeout=1)
-    _assert_deadline(_rpc_error(rt.StopContainer, stop), hang)
+    _assert_deadline(_rpc_error(rt.StopContainer, stop), hang, node)
     assert node.status(cid).state == pb.CONTAINER_RUNNING  # nothing was stopped
     hang.release()
     rt.StopContainer(stop, timeout=CLIENT_WAIT)
@@ -141,7 +182,7 @@ def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime)
 
     hang.hang("delete")
     remove = pb.RemoveContainerRequest(container_id=cid)
-    _assert_deadline(_rpc_error(rt.RemoveContainer, remove), hang)
+    _assert_deadline(_rpc_error(rt.RemoveContainer, remove), hang, node)
     hang.release()
     rt.RemoveContainer(remove, timeout=CLIENT_WAIT)
     assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == []

@@ -3,8 +3,9 @@
 `HangingRuntime` is an OCI runtime handler that is real runc, except that the
 subcommands switched on with `hang("start")` never answer: the wrapper starts a
 child (`sleep`) that keeps its output pipes open and waits, the way a wedged
-runtime holding a lock would. Every pid that hung is recorded, so a test can
-check that pycri killed them all.
+runtime holding a lock would; with `hang("create", after=True)` the real runtime
+does its work first (cgroup, runtime state, `runc init`) and only then hangs.
+Every pid that hung is recorded, so a test can check that pycri killed them all.
 
 `DroppingProxy` forwards loopback TCP connections to a registry and cuts each one
 after a given number of response bytes (the registry "dies" mid-pull), so the
@@ -37,6 +38,13 @@ if [ -e "{dir}/hang-$sub" ]; then
   echo "$$ $!" >> "{dir}/hung"
   wait
 fi
+if [ -e "{dir}/hang-after-$sub" ]; then
+  {runtime} "$@"
+  eval "echo \\${{$#}}" >> "{dir}/done-before-hang"
+  sleep 3600 &
+  echo "$$ $!" >> "{dir}/hung"
+  wait
+fi
 exec {runtime} "$@"
 """
 
@@ -51,13 +59,19 @@ class HangingRuntime:
         self.path.write_text(_WRAPPER.format(dir=self.dir, runtime=runtime))
         self.path.chmod(0o755)
 
-    def hang(self, subcommand: str) -> None:
-        (self.dir / f"hang-{subcommand}").touch()
+    def hang(self, subcommand: str, after: bool = False) -> None:
+        (self.dir / (f"hang-after-{subcommand}" if after else f"hang-{subcommand}")).touch()
 
     def release(self, subcommand: str | None = None) -> None:
         """Stop hanging `subcommand` (or every one)."""
-        for f in self.dir.glob(f"hang-{subcommand or '*'}"):
-            f.unlink()
+        sub = subcommand or "*"
+        for f in [*self.dir.glob(f"hang-{sub}"), *self.dir.glob(f"hang-after-{sub}")]:
+            f.unlink(missing_ok=True)
+
+    def done_before_hang(self) -> list[str]:
+        """The last argument (the container id) of each call that hung after its work."""
+        done = self.dir / "done-before-hang"
+        return done.read_text().split() if done.exists() else []
 
     def hung_pids(self) -> list[int]:
         """Every process that ever hung (wrapper shells and their sleeping children)."""
