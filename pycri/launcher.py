@@ -197,6 +197,11 @@ class Launcher:
             await conmon.wait_gone(pid, 10.0)
             self.reaper.track(pid)
 
+    def monitor_alive(self, oid: str) -> bool:
+        """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),
+        and nothing needs to ask the runtime (which may hang) at recovery."""
+        return conmon.is_monitor_of(self._monitor_pid(oid), oid)
+
     def monitor_lost(self, oid: str) -> str:
         """Why `oid`'s exit was recorded by pycri instead of conmon ("" if it was not)."""
         try:

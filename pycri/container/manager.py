@@ -614,6 +614,8 @@ class ContainerManager:
         if code is not None:
             self.on_exit(c.id, code, self.launcher.exit_time(c.id))
             return
+        if self.launcher.monitor_alive(c.id):
+            return
         state = None
         with contextlib.suppress(PycriError):
             state = await self.launcher.state(c.id, c.handler)

@@ -190,6 +190,25 @@ def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime)
     assert not os.path.exists(node.tmp / "state" / "bundles" / cid)
 
 
+def test_runtime_hung_on_state_at_restart_keeps_what_runs(node: Node,
+                                                          hang: HangingRuntime) -> None:
+    """A restart does not take a runtime that cannot say `state` as "gone": the pod and
+    container whose monitors run are still READY and RUNNING."""
+    sid, pod = _hang_pod(node, "hang-state")
+    rt = node.cri.runtime
+    cid = rt.CreateContainer(_create(node, sid, pod, "c"), timeout=CLIENT_WAIT).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=CLIENT_WAIT)
+    hang.hang("state")
+    node.restart()
+    assert node.pod_status(sid).state == pb.SANDBOX_READY
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+    assert hang.left() == [] and _zombies(node) == []
+    hang.release()
+    rt = node.cri.runtime
+    rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1), timeout=CLIENT_WAIT)
+    assert node.status(cid).state == pb.CONTAINER_EXITED
+
+
 # -- conmon killed --------------------------------------------------------------------
 # (Test names avoid the word "conmon": the leak check pgreps `conmon.*<tmp dir>`.)
 
