@@ -340,11 +340,13 @@ def _image_files(node: Node) -> set[str]:
             for p in (root / d).rglob("*") if p.is_file()}
 
 
-def test_registry_dying_mid_pull_leaves_nothing(node: Node, registry: Registry) -> None:
+@pytest.mark.parametrize("cut_after", [300, 1 << 20], ids=["in-headers", "mid-blob"])
+def test_registry_dying_mid_pull_leaves_nothing(node: Node, registry: Registry,
+                                                 cut_after: int) -> None:
     big = [images.file("big", os.urandom(4 << 20))]  # incompressible: 4 MiB on the wire
     spec = images.ImageSpec(layers=[*images.busybox_layers(), big])
     ref = images.push_image(registry.addr, node.tmp / "layout-big", "midpull", "v1", [spec])
-    proxy = DroppingProxy(registry.addr, limit=1 << 20)
+    proxy = DroppingProxy(registry.addr, limit=cut_after)
     try:
         via = ref.replace(registry.addr, proxy.addr)
         before = _image_files(node)
