@@ -373,6 +373,10 @@ class ContainerManager:
             try:
                 await self.launcher.start(c.id, c.handler)
             except PycriError as e:
+                # Reported EXITED, so nothing may run: a start cut off by its deadline
+                # may have started the process all the same.
+                with contextlib.suppress(PycriError):
+                    await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
                 c.state, c.exit_code, c.started_at = pb.CONTAINER_EXITED, 128, 0
                 c.reason, c.message = "StartError", str(e)
                 c.finished_at = time.time_ns()

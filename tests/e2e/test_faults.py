@@ -190,6 +190,25 @@ def test_hung_runtime_calls_fail_with_deadline(node: Node, hang: HangingRuntime)
     assert not os.path.exists(node.tmp / "state" / "bundles" / cid)
 
 
+def test_runtime_hung_after_start_leaves_no_process_running(node: Node,
+                                                            hang: HangingRuntime) -> None:
+    """runc started the process and then hung: StartContainer fails and the container is
+    reported EXITED, so its process must not run on behind that report."""
+    sid, pod = _hang_pod(node, "hang-after-start")
+    rt = node.cri.runtime
+    cid = rt.CreateContainer(_create(node, sid, pod, "c"), timeout=CLIENT_WAIT).container_id
+    _, pid = _pids(node, cid)
+    hang.hang("start", after=True)
+    _assert_deadline(_rpc_error(rt.StartContainer, pb.StartContainerRequest(container_id=cid)),
+                     hang, node)
+    st = node.status(cid)
+    assert st.state == pb.CONTAINER_EXITED and st.reason == "StartError", st
+    assert wait_gone([pid], 30) == [], "the container's process runs on behind EXITED"
+    hang.release()
+    rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=CLIENT_WAIT)
+    assert _runtime_ids(node) == {sid}
+
+
 def test_runtime_hung_on_state_at_restart_keeps_what_runs(node: Node,
                                                           hang: HangingRuntime) -> None:
     """A restart does not take a runtime that cannot say `state` as "gone": the pod and
