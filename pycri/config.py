@@ -31,6 +31,9 @@ class RuntimeHandler:
     path: str = ""
     root: str = ""  # empty: <state>/<handler name>
     type: str = "oci"
+    # Seconds any one call of the runtime (create, start, kill, state, ...) may take
+    # before it is killed with its process group and the RPC fails DeadlineExceeded.
+    timeout: float = 60.0
 
 
 @dataclass
@@ -41,6 +44,8 @@ class CNIConfig:
     default_network: bool = True
     default_subnet: str = "10.85.0.0/16"
     default_bridge: str = "pycri0"
+    # Seconds one plugin call (ADD or DEL) may take before it is killed.
+    plugin_timeout: float = 60.0
 
 
 @dataclass
@@ -194,6 +199,10 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         _choice(f"runtimes.{name}.type", h.type, RUNTIME_TYPES)
         if not h.path:
             raise ConfigError(f"runtimes.{name}.path: must be set")
+        if h.timeout <= 0:
+            raise ConfigError(f"runtimes.{name}.timeout: must be positive")
+    if cfg.cni.plugin_timeout <= 0:
+        raise ConfigError("cni.plugin_timeout: must be positive")
     if cfg.images.max_concurrent_downloads < 1:
         raise ConfigError("images.max_concurrent_downloads: must be at least 1")
     for key in ("connect_timeout", "read_timeout", "pull_progress_timeout",

@@ -35,6 +35,7 @@ from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
 from pycri.status import NodeStatus
 from pycri.store import Store
+from pycri.store.db import StoreLocked
 from pycri.streaming import RuntimeBackend, StreamingServer
 
 log = logging.getLogger("pycri")
@@ -101,7 +102,10 @@ class Daemon:
         # Layers and container upper dirs keep images' setuid bits and device nodes;
         # no other user may reach them (the containerd/moby CVE-2021-41103 class).
         os.chmod(root, 0o700)
-        self.store = store = Store(cfg.db_path)
+        try:
+            self.store = store = Store(cfg.db_path)
+        except StoreLocked as e:
+            raise DaemonError(str(e)) from None
         self.reaper = Reaper()
         self.reaper.start()  # also makes us a child subreaper
         pinned = [cfg.pause_image] if cfg.pause_image else []

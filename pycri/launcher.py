@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ class Launcher:
         self.cfg = cfg
         self.reaper = reaper
         self.runtimes = {
-            name: OCIRuntime(name, h.path, cfg.runtime_root(name))
+            name: OCIRuntime(name, h.path, cfg.runtime_root(name), h.timeout)
             for name, h in cfg.runtimes.items()
         }
         state = Path(cfg.state)
@@ -45,17 +47,26 @@ class Launcher:
         self._handlers: list[ExitHandler] = []
         self._exited: dict[str, asyncio.Event] = {}
         self._watcher = ExitWatcher(self.exit_dir, self._on_exit)
+        self._monitors: dict[str, asyncio.Task[None]] = {}  # oid -> watch on its conmon
 
     # -- setup -------------------------------------------------------------------
 
     def watch(self) -> None:
-        """Watch the exit dir; exits that happened while pycri was down are reported too."""
+        """Watch the exit dir; exits that happened while pycri was down are reported too,
+        and so are monitors that died meanwhile (see `_watch_monitor`)."""
         self.bundles.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._watcher.start()
         self._watcher.scan()
+        for bundle in self.bundles.iterdir():
+            pid = self._monitor_pid(bundle.name)
+            if pid and self.exit_code(bundle.name) is None:
+                self._watch_monitor(bundle.name, pid)
 
     def close(self) -> None:
         self._watcher.close()
+        for task in self._monitors.values():
+            task.cancel()
+        self._monitors.clear()
 
     def on_exit(self, handler: ExitHandler) -> None:
         self._handlers.append(handler)
@@ -120,7 +131,7 @@ class Launcher:
         try:
             (bundle / "config.json").write_text(json.dumps(spec))
             self._exited.pop(oid, None)
-            return await conmon.create(
+            created = await conmon.create(
                 oid,
                 bundle,
                 runtime=self.runtime(handler),
@@ -136,6 +147,67 @@ class Launcher:
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
+        self._watch_monitor(oid, created.conmon_pid)
+        return created
+
+    # -- monitors --------------------------------------------------------------------
+
+    def _watch_monitor(self, oid: str, conmon_pid: int) -> None:
+        """Notice when `oid`'s conmon dies without writing the exit file (SIGKILL, OOM
+        killer, a bug): its process would run on unwatched and be reported RUNNING for
+        ever. Then the process is killed and its exit recorded as the monitor's loss."""
+        # Not alive: it died while pycri was down (or its pid was reused since).
+        alive = conmon.is_monitor_of(conmon_pid, oid)
+        self._monitors[oid] = asyncio.create_task(self._monitor(oid, conmon_pid, alive))
+
+    async def _monitor(self, oid: str, conmon_pid: int, alive: bool) -> None:
+        if alive:
+            await conmon.wait_gone(conmon_pid, math.inf)
+        if self.exit_code(oid) is not None:  # conmon reported the exit, as it should
+            return
+        try:
+            await self._record_lost(oid, conmon_pid)
+        except OSError as e:  # removed meanwhile (bundle gone): nothing left to report
+            log.warning("process %s: cannot record its monitor's death: %s", oid, e)
+
+    async def _record_lost(self, oid: str, conmon_pid: int) -> None:
+        msg = f"the monitor (conmon, pid {conmon_pid}) died without reporting the exit"
+        log.error("process %s: %s; killing it", oid, msg)
+        try:
+            await self._kill_unmonitored(oid)
+        except Exception as e:  # still recorded: nothing would ever report this exit
+            log.error("process %s: cannot kill it after its monitor died: %s", oid, e)
+            msg += f"; killing the process failed: {e}"
+        else:
+            msg += "; the process was killed"
+        conmon.lost_file(self.persist_dir(oid)).write_text(msg)
+        tmp = self.exit_dir / f".{oid}.lost"
+        tmp.write_text(str(128 + signal.SIGKILL))
+        os.replace(tmp, self.exit_file(oid))
+        self._watcher.report(oid)
+
+    async def _kill_unmonitored(self, oid: str) -> None:
+        """SIGKILL everything of `oid` through whichever runtime knows it, and reap its
+        process: with conmon gone it was re-parented to us (a subreaper)."""
+        for runtime in self.runtimes.values():
+            if (runtime.root / oid).exists():
+                await runtime.kill(oid, signal.SIGKILL, all_processes=True)
+        pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
+        if pid:
+            await conmon.wait_gone(pid, 10.0)
+            self.reaper.track(pid)
+
+    def monitor_alive(self, oid: str) -> bool:
+        """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),
+        and nothing needs to ask the runtime (which may hang) at recovery."""
+        return conmon.is_monitor_of(self._monitor_pid(oid), oid)
+
+    def monitor_lost(self, oid: str) -> str:
+        """Why `oid`'s exit was recorded by pycri instead of conmon ("" if it was not)."""
+        try:
+            return conmon.lost_file(self.persist_dir(oid)).read_text()
+        except OSError:
+            return ""
 
     async def start(self, oid: str, handler: str) -> None:
         await self.runtime(handler).start(oid)
@@ -151,8 +223,11 @@ class Launcher:
         if self._watcher.report(oid):  # already there: record it now, not on inotify's turn
             return True
         waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._event(oid).wait())]
+        monitor = self._monitors.get(oid)
         pid = self._monitor_pid(oid)
-        if pid:
+        if monitor is not None:  # ends once the exit is recorded, by conmon or by us
+            waits.append(asyncio.ensure_future(asyncio.shield(monitor)))
+        elif pid:
             waits.append(asyncio.ensure_future(conmon.wait_gone(pid, timeout or 1e9)))
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -162,10 +237,7 @@ class Launcher:
         return self._event(oid).is_set() or self._watcher.report(oid)
 
     def _monitor_pid(self, oid: str) -> int:
-        try:
-            return int(conmon.conmon_pid_file(self.persist_dir(oid)).read_text())
-        except (OSError, ValueError):
-            return 0
+        return conmon.read_pid(conmon.conmon_pid_file(self.persist_dir(oid)))
 
     def exit_code(self, oid: str) -> int | None:
         try:
@@ -193,6 +265,9 @@ class Launcher:
 
     async def delete(self, oid: str, handler: str) -> None:
         """Forget the process: runtime state, bundle, monitor and exit files."""
+        monitor = self._monitors.pop(oid, None)
+        if monitor is not None:
+            monitor.cancel()
         with contextlib.suppress(InvalidArgument):  # handler removed from config since
             await self.runtime(handler).delete(oid, force=True)
         shutil.rmtree(self.bundle_dir(oid), ignore_errors=True)

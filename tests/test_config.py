@@ -84,6 +84,21 @@ def test_streaming_bounds_are_checked(tmp_path: Path, text: str, message: str) -
         validate(load(f), check_binaries=False)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[runtimes.runc]\npath = '/usr/sbin/runc'\ntimeout = 0\n",
+         r"runtimes\.runc\.timeout: must be positive"),
+        ("[cni]\nplugin_timeout = -1\n", r"cni\.plugin_timeout: must be positive"),
+    ],
+)
+def test_helper_deadlines_must_be_positive(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        validate(load(f), check_binaries=False)
+
+
 def test_missing_runtime_binary_is_reported() -> None:
     cfg = Config()
     cfg.runtimes["runc"].path = "/nonexistent/runc"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from pycri.store import Store
-from pycri.store.db import MIGRATIONS
+from pycri.store.db import MIGRATIONS, StoreLocked
 
 
 def test_records_survive_reopen(tmp_path: Path) -> None:
@@ -31,9 +31,24 @@ def test_records_survive_reopen(tmp_path: Path) -> None:
 def test_wal_mode(tmp_path: Path) -> None:
     s = Store(tmp_path / "m.db")
     s.put("k", "i", {})
+    s.close()
     mode = sqlite3.connect(tmp_path / "m.db").execute("PRAGMA journal_mode").fetchone()[0]
     assert mode == "wal"
+
+
+def test_database_is_held_exclusively(tmp_path: Path) -> None:
+    """No other process can write (or stall our writes) while the store is open."""
+    s = Store(tmp_path / "m.db")
+    other = sqlite3.connect(tmp_path / "m.db", timeout=0.1, isolation_level=None)
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        other.execute("BEGIN IMMEDIATE")
+    with pytest.raises(StoreLocked, match="in use by another process"):
+        Store(tmp_path / "m.db")
+    s.put("k", "i", {"still": "writable"})
     s.close()
+    other.execute("BEGIN IMMEDIATE")  # released on close
+    other.execute("ROLLBACK")
+    other.close()
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:

@@ -409,6 +409,10 @@ class ContainerManager:
             try:
                 await self.launcher.start(c.id, c.handler)
             except PycriError as e:
+                # Reported EXITED, so nothing may run: a start cut off by its deadline
+                # may have started the process all the same.
+                with contextlib.suppress(PycriError):
+                    await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
                 c.state, c.exit_code, c.started_at = pb.CONTAINER_EXITED, 128, 0
                 c.reason, c.message = "StartError", str(e)
                 c.finished_at = time.time_ns()
@@ -488,6 +492,8 @@ class ContainerManager:
         c.state, c.exit_code, c.finished_at = pb.CONTAINER_EXITED, code, finished_at
         if self.launcher.oom_killed(oid):
             c.reason = "OOMKilled"
+        elif lost := self.launcher.monitor_lost(oid):
+            c.reason, c.message = "MonitorDied", lost
         else:
             c.reason = "Completed" if code == 0 else "Error"
         self._save(c)
@@ -676,6 +682,8 @@ class ContainerManager:
         code = self.launcher.exit_code(c.id)
         if code is not None:
             self.on_exit(c.id, code, self.launcher.exit_time(c.id))
+            return
+        if self.launcher.monitor_alive(c.id):
             return
         state = None
         with contextlib.suppress(PycriError):

@@ -23,12 +23,12 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri import procs
 from pycri.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, PycriError
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
 
 DEFAULT_CONMON = "/usr/bin/conmon"
-CREATE_TIMEOUT = 120.0
 _FIFOS = ("ctl", "winsz", "attach")
 
 
@@ -53,6 +53,14 @@ def pid_file(persist_dir: Path) -> Path:
     return Path(persist_dir) / "pidfile"
 
 
+def read_pid(path: Path) -> int:
+    """The pid in a pid file, 0 if there is none (yet)."""
+    try:
+        return int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return 0
+
+
 def conmon_pid_file(persist_dir: Path) -> Path:
     return Path(persist_dir) / "conmon.pid"
 
@@ -60,6 +68,21 @@ def conmon_pid_file(persist_dir: Path) -> Path:
 def oom_file(persist_dir: Path) -> Path:
     """conmon creates this (empty) when the container's memory cgroup saw an OOM kill."""
     return Path(persist_dir) / "oom"
+
+
+def lost_file(persist_dir: Path) -> Path:
+    """Written by pycri (not conmon) when conmon died without reporting the exit; it
+    holds the message the exit is reported with."""
+    return Path(persist_dir) / "monitor-lost"
+
+
+def is_monitor_of(pid: int, cid: str) -> bool:
+    """Whether `pid` is (still) the conmon of `cid`, not a process that reused its pid."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return bool(argv) and os.path.basename(argv[0]) == b"conmon" and cid.encode() in argv
 
 
 def oom_killed(persist_dir: Path) -> bool:
@@ -124,7 +147,7 @@ async def create(
     conmon_cgroups: list[Path] | None = None,
     log_size_max: int | None = None,
     conmon: str = DEFAULT_CONMON,
-    timeout: float = CREATE_TIMEOUT,
+    timeout: float | None = None,
     reaper: Reaper | None = None,
 ) -> Created:
     """Have conmon run `runtime create`; returns once the container exists (not started).
@@ -132,8 +155,11 @@ async def create(
     `conmon_cgroups`: existing cgroup directories (one per hierarchy) conmon is moved
     into before it forks, so it and the runtime are accounted there.
     `reaper`: told the daemonized conmon's pid, so its exit leaves no zombie.
-    On any failure everything this call made is removed again and conmon is gone.
+    `timeout`: how long `runtime create` may take (default: the runtime's own limit).
+    On any failure everything this call made is removed again, and conmon is gone with
+    the runtime it ran (a hung runtime is killed with it).
     """
+    limit = runtime.timeout if timeout is None else timeout
     check_id(cid)
     bundle = Path(bundle)
     if not (bundle / "config.json").is_file():
@@ -184,13 +210,14 @@ async def create(
         conmon_pid = int(conmon_pid_file(persist_dir).read_text().strip())
         if reaper is not None:
             reaper.track(conmon_pid)
-        pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), timeout)
+        pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
         return Created(pid=pid, conmon_pid=conmon_pid)
     except BaseException as e:
         await _undo(cid, bundle, runtime, persist_dir, made_persist, Path(log_path), made_log,
-                    conmon_pid)  # fmt: skip
+                    conmon_pid, reaper)  # fmt: skip
         if isinstance(e, TimeoutError):
-            msg = f"{runtime.name} create {cid}: no answer in {timeout:g}s"
+            msg = (f"{runtime.name} create {cid}: no answer within {limit:g}s, killed "
+                   f"(the limit is runtimes.{runtime.name}.timeout)")
             raise DeadlineExceeded(msg) from None
         raise
     finally:
@@ -242,14 +269,19 @@ async def _undo(
     log_path: Path,
     made_log: bool,
     conmon_pid: int,
+    reaper: Reaper | None,
 ) -> None:
     """Remove what a failed create left: conmon, runtime state, fifos, pid and log files."""
     if conmon_pid > 0:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(conmon_pid, signal.SIGKILL)
-        await wait_gone(conmon_pid, 10.0)
+        await kill_monitor(conmon_pid, reaper)
     with contextlib.suppress(PycriError):
         await runtime.delete(cid, force=True)
+    init = read_pid(pid_file(persist_dir))
+    if init and conmon_pid > 0 and reaper is not None:
+        # The runtime had made the process (`runc init`): with conmon killed it was
+        # re-parented to us, and as an unreaped zombie in a shared PID namespace it
+        # would keep the pod's infra from ever finishing its exit.
+        reaper.track(init)
     for name in _FIFOS:
         with contextlib.suppress(FileNotFoundError):
             (bundle / name).unlink()
@@ -262,6 +294,26 @@ async def _undo(
     if made_log:
         with contextlib.suppress(FileNotFoundError):
             log_path.unlink()
+
+
+async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 10.0) -> None:
+    """SIGKILL a conmon with its process group: conmon leads its own session, and the
+    runtime it is running (perhaps hung) is in it. What the kill re-parents to us (we
+    are a subreaper) is reaped, so no zombie is left."""
+    try:
+        leader = os.getpgid(conmon_pid) == conmon_pid
+    except ProcessLookupError:
+        return
+    if not leader:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(conmon_pid, signal.SIGKILL)
+        await wait_gone(conmon_pid, timeout)
+        return
+    procs.kill_group(conmon_pid)
+    await wait_gone(conmon_pid, timeout)
+    if reaper is not None:
+        reaper.reap()  # conmon itself, tracked since its pid file was read
+    procs.reap_orphans_of(conmon_pid)
 
 
 async def wait_gone(pid: int, timeout: float) -> bool:

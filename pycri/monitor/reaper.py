@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import prctl
 
+from pycri import procs
+
 ReapCallback = Callable[[int, int], None]
 """Called as (pid, wait status) for each process reaped."""
 
@@ -56,7 +58,9 @@ class Reaper:
         return frozenset(self._pids)
 
     def reap(self) -> None:
-        """Collect every tracked pid that has exited; drop pids that are not our children."""
+        """Collect every tracked pid that has exited; drop pids that are not our children.
+        Members of killed helper process groups (pycri.procs) are collected too."""
+        procs.reap_orphans()
         for pid in list(self._pids):
             try:
                 done, status = os.waitpid(pid, os.WNOHANG)

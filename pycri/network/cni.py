@@ -228,7 +228,7 @@ class CNIManager:
         default_bridge: str = "pycri0",
         default_template: Path = conf.DEFAULT_TEMPLATE,
         default_ipam_data_dir: str | None = None,
-        plugin_timeout: float = 120.0,
+        plugin_timeout: float = 60.0,
     ) -> None:
         self.conf_dir = conf_dir
         self.bin_dirs = list(bin_dirs)
@@ -250,6 +250,7 @@ class CNIManager:
             default_network=cfg.default_network,
             default_subnet=cfg.default_subnet,
             default_bridge=cfg.default_bridge,
+            plugin_timeout=cfg.plugin_timeout,
         )
 
     # -- configuration -------------------------------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pycri.errors import Unavailable
+from pycri.procs import communicate
 
 # Plugin output is a small JSON document; anything bigger is a broken plugin.
 _MAX_OUTPUT = 1 << 20
@@ -98,17 +99,11 @@ async def run_plugin(
         env=call.env(),
         start_new_session=True,
     )
-    try:
-        out, err = await asyncio.wait_for(
-            proc.communicate(json.dumps(stdin).encode()), timeout=timeout
-        )
-    except BaseException as e:  # timeout or cancellation: never leave the plugin running
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        if isinstance(e, TimeoutError):
-            raise CNIPluginError(plugin, call.command, f"timed out after {timeout:g}s") from None
-        raise
+    try:  # on a timeout or cancellation the plugin and its children are killed
+        out, err = await communicate(proc, json.dumps(stdin).encode(), timeout)
+    except TimeoutError:
+        msg = f"no answer within {timeout:g}s, killed (the limit is cni.plugin_timeout)"
+        raise CNIPluginError(plugin, call.command, msg) from None
     if len(out) > _MAX_OUTPUT:
         raise CNIPluginError(plugin, call.command, "output larger than 1 MiB")
     if proc.returncode != 0:

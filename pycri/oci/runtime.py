@@ -23,6 +23,7 @@ from pycri.errors import (
     NotFound,
     PycriError,
 )
+from pycri.procs import communicate
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -105,7 +106,11 @@ class OCIRuntime:
     async def run(
         self, args: Sequence[str], stdin: bytes | None = None, timeout: float | None = None
     ) -> tuple[int, bytes, bytes]:
-        """Run `<runtime> --root R args...`; a hung runtime is killed at the deadline."""
+        """Run `<runtime> --root R args...`; a hung runtime is killed at the deadline.
+
+        The runtime runs in its own process group and the whole group is killed: a
+        child left holding the output pipes would keep `wait()` from ever returning.
+        """
         proc = await asyncio.create_subprocess_exec(
             self.path,
             *self.global_args,
@@ -113,18 +118,15 @@ class OCIRuntime:
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
+            start_new_session=True,
         )
         limit = self.timeout if timeout is None else timeout
         try:
-            out, err = await asyncio.wait_for(proc.communicate(stdin), limit)
-        except (TimeoutError, asyncio.CancelledError) as e:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-            if isinstance(e, asyncio.CancelledError):
-                raise
+            out, err = await communicate(proc, stdin, limit)
+        except TimeoutError:
             raise DeadlineExceeded(
-                f"{self.name} {' '.join(args)}: no answer within {limit:g}s"
+                f"{self.name} {' '.join(args)}: no answer within {limit:g}s, killed "
+                f"(the limit is runtimes.{self.name}.timeout)"
             ) from None
         assert proc.returncode is not None
         return proc.returncode, out, err

@@ -489,10 +489,12 @@ class SandboxManager:
                   sid, type(error).__name__, error, where)
 
     async def _recheck(self, sb: Sandbox) -> None:
-        state = None
-        with contextlib.suppress(PycriError):
-            state = await self.launcher.state(sb.id, sb.handler)
-        alive = state is not None and state.get("status") == "running"
+        alive = self.launcher.monitor_alive(sb.id)
+        if not alive:
+            state = None
+            with contextlib.suppress(PycriError):
+                state = await self.launcher.state(sb.id, sb.handler)
+            alive = state is not None and state.get("status") == "running"
         if not alive or (sb.netns and not Path(sb.netns).exists()):
             log.info("pod %s did not survive; marking NOTREADY", sb.id)
             sb.state = pb.SANDBOX_NOTREADY

@@ -23,6 +23,9 @@ SET_ASIDE = "set-aside:"  # kind prefix of records their owner could not load
 
 log = logging.getLogger(__name__)
 
+# How long opening waits for another holder of the database to let go.
+_OPEN_WAIT = 5.0
+
 # Each entry moves the schema from version i to i+1. Append only; never edit.
 MIGRATIONS: list[tuple[str, ...]] = [
     (
@@ -32,14 +35,37 @@ MIGRATIONS: list[tuple[str, ...]] = [
 ]
 
 
+class StoreLocked(RuntimeError):
+    """Another process holds the metadata database."""
+
+
 class Store:
-    """Write-through record store; safe to call from the event loop and threads."""
+    """Write-through record store; safe to call from the event loop and threads.
+
+    The database is held exclusively for the store's lifetime (SQLite's exclusive
+    locking mode, taken at open): no other process can open a write transaction that
+    would stall our writes (on the event loop) or have us fail them half-way. A crash,
+    even inside a transaction, is recovered by the next open from the WAL.
+    """
 
     def __init__(self, path: Path) -> None:
+        self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                   timeout=_OPEN_WAIT)
         os.chmod(path, 0o600)  # container configs carry env values from Secrets
-        self._db.execute("PRAGMA journal_mode=WAL")
+        try:
+            # Before the first access, so no shared-memory index is used either.
+            self._db.execute("PRAGMA locking_mode=EXCLUSIVE")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("BEGIN EXCLUSIVE")  # take the lock now, and keep it
+            self._db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            self._db.close()
+            raise StoreLocked(
+                f"metadata database {path} is in use by another process ({e}); "
+                "is another pycri running with this root?"
+            ) from None
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._lock = threading.Lock()

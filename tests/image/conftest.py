@@ -69,6 +69,9 @@ async def make_manager(tmp_path: Path) -> AsyncIterator[Maker]:
         conf = {"registries_conf": str(tmp_path / "registries.conf"),
                 "registries_conf_dir": str(tmp_path / "registries.conf.d"),
                 "pull_progress_timeout": 10.0, **cfg}
+        for _, earlier in made:  # a "restart": the old process' store is gone (its lock too)
+            if earlier.path == root / "pycri.db":
+                earlier.close()
         store = Store(root / "pycri.db")
         m = ImageManager(root, ImagesConfig(**conf), store, pinned)
         made.append((m, store))
