@@ -79,10 +79,14 @@ def test_db_file_is_private(tmp_path: Path) -> None:
 
 def test_a_row_that_is_not_a_json_object_is_set_aside(tmp_path: Path) -> None:
     db = tmp_path / "m.db"
-    Store(db).put("sandbox", "good", {"name": "g"})
-    with sqlite3.connect(db) as conn:
+    first = Store(db)
+    first.put("sandbox", "good", {"name": "g"})
+    first.close()
+    conn = sqlite3.connect(db)
+    with conn:
         conn.executemany("INSERT INTO records (kind, id, data) VALUES ('sandbox', ?, ?)",
                          [("torn", '{"name": '), ("list", "[1]")])
+    conn.close()
     s = Store(db)
     assert dict(s.items("sandbox")) == {"good": {"name": "g"}}
     s.set_aside("sandbox", "good")
