@@ -41,8 +41,18 @@ def cni_cache(node: Node) -> list[str]:
 
 
 def records(node: Node) -> list[tuple[str, str]]:
-    with sqlite3.connect(node.tmp / "root" / "pycri.db") as db:
-        return sorted(db.execute("SELECT kind, id FROM records").fetchall())
+    """The store's rows. pycri holds its database exclusively, so it is read while stopped."""
+    node.cri.channel.close()
+    assert node.proc.stop() == 0
+    try:
+        db = sqlite3.connect(node.tmp / "root" / "pycri.db")
+        try:
+            return sorted(db.execute("SELECT kind, id FROM records").fetchall())
+        finally:
+            db.close()
+    finally:
+        node.proc.start()
+        node.cri = node.proc.client()
 
 
 def test_nul_in_pod_name_is_refused_and_the_node_restarts(node: Node) -> None:
@@ -134,8 +144,10 @@ def plant_bad_state(node: Node) -> dict[str, str]:
                 metadata=pb.ContainerMetadata(name="half")), image_id="", image_ref="",
             handler="gone", created_at=0, log_path="").to_record())),
     ]
-    with sqlite3.connect(node.tmp / "root" / "pycri.db") as db:
+    db = sqlite3.connect(node.tmp / "root" / "pycri.db")
+    with db:
         db.executemany("INSERT INTO records (kind, id, data) VALUES (?, ?, ?)", rows)
+    db.close()
     return ids
 
 
