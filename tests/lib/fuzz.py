@@ -944,8 +944,13 @@ def run(fuzzer: Fuzzer, total: int, batch: int, seed: int | None,
         progress: Callable[[Fuzzer], None] | None = None, shared: bool = False) -> list[str]:
     """Send `total` generated requests in batches; after each batch check the daemon
     and trim the pool. Returns the liveness problems seen."""
+    import warnings
+
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import seed as hseed
+    from hypothesis.errors import HypothesisWarning
+
+    warnings.filterwarnings("ignore", category=HypothesisWarning)  # repr of huge strategies
 
     problems: list[str] = []
     started = time.monotonic()
