@@ -199,7 +199,10 @@ def value(f: FieldDescriptor, pool: Pool, depth: int) -> st.SearchStrategy[Any]:
 def _value(f: FieldDescriptor, pool: Pool, depth: int) -> st.SearchStrategy[Any]:
     if is_map(f):
         k, v = f.message_type.fields_by_name["key"], f.message_type.fields_by_name["value"]
-        return st.dictionaries(scalar(k, pool), single(v, pool, depth), max_size=3)
+        # not st.dictionaries: its unique keys would make the number of draws depend on
+        # which IDs exist, and hypothesis refuses a strategy that draws inconsistently
+        return st.lists(st.tuples(scalar(k, pool), single(v, pool, depth)),
+                        max_size=3).map(dict)
     if f.is_repeated:
         return st.lists(single(f, pool, depth), max_size=2)
     return single(f, pool, depth)
@@ -970,7 +973,10 @@ def run(fuzzer: Fuzzer, total: int, batch: int, seed: int | None,
         if seed is not None:
             one_batch = hseed(seed + fuzzer.sent)(one_batch)
         before = fuzzer.sent
-        one_batch()
+        try:
+            one_batch()
+        except Exception as e:  # hypothesis gave up on this batch; the next one goes on
+            fuzzer.harness_errors[f"batch: {type(e).__name__}: {e}"[:300]] += 1
         if fuzzer.sent == before:
             break  # hypothesis found nothing new to generate
         if (problem := fuzzer.check_alive()) is not None:
@@ -1004,7 +1010,11 @@ def _worker(job: Job) -> dict[str, Any]:
             print(f"{time.strftime('%H:%M:%S')} {job.pool.prefix} sent {f.sent} "
                   f"({rate:.1f}/s), findings {len(f.findings)}", flush=True)
 
-    problems = run(fz, job.total, job.batch, job.seed, progress, shared=True)
+    try:
+        problems = run(fz, job.total, job.batch, job.seed, progress, shared=True)
+    except Exception as e:  # keep what this worker found so far
+        problems = []
+        fz.harness_errors[f"worker: {type(e).__name__}: {e}"[:300]] += 1
     fz.channel.close()
     return {"counts": dict(fz.counts), "findings": fz.findings, "ever": fz.ever,
             "problems": problems, "harness": dict(fz.harness_errors), "sent": fz.sent}
@@ -1040,7 +1050,11 @@ def run_parallel(fuzzer: Fuzzer, workers: int, total: int, batch: int,
                 fuzzer.restart()
                 misses = 0
         for r in pending:
-            res = r.get()
+            try:
+                res = r.get()
+            except Exception as e:  # a worker's failure is reported, not the run's end
+                fuzzer.harness_errors[f"worker: {type(e).__name__}: {e}"[:300]] += 1
+                continue
             fuzzer.counts.update(res["counts"])
             fuzzer.sent += res["sent"]
             fuzzer.ever |= res["ever"]
