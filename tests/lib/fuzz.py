@@ -73,7 +73,7 @@ def _methods() -> dict[str, Method]:
 
 METHODS = _methods()
 # RPCs that create or destroy real things (netns, mounts, processes) are drawn more often.
-WEIGHTS = {"RunPodSandbox": 6, "CreateContainer": 8, "StartContainer": 4, "StopContainer": 3,
+WEIGHTS = {"RunPodSandbox": 6, "CreateContainer": 8, "StartContainer": 6, "StopContainer": 3,
            "RemoveContainer": 3, "StopPodSandbox": 2, "RemovePodSandbox": 2, "ExecSync": 4,
            "PullImage": 2, "UpdateContainerResources": 2, "UpdatePodSandboxResources": 2}
 # Calls that may legitimately wait (runtime, CNI, registry); everything else is quick.
@@ -118,6 +118,8 @@ class Pool:
     canary: Path
     pods: dict[str, pb.PodSandboxConfig] = field(default_factory=dict)
     containers: dict[str, str] = field(default_factory=dict)  # id -> pod id
+    states: dict[str, int] = field(default_factory=dict)  # id -> pb.ContainerState
+    ready: set[str] = field(default_factory=set)  # pods in SANDBOX_READY
     image_ids: list[str] = field(default_factory=list)
     prefix: str = "fz"
     seq: int = 0
@@ -137,6 +139,9 @@ class Pool:
     @property
     def protected(self) -> Path:
         return self.canary / "protected"
+
+    def in_state(self, state: int) -> list[str]:
+        return [c for c in self.containers if self.states.get(c) == state]
 
     def ids(self) -> list[str]:
         return [*self.pods, *self.containers, *self.image_ids]
@@ -319,6 +324,9 @@ def short(v: Any, limit: int = 200) -> str:
 # --- valid requests ---------------------------------------------------------------------
 
 LONG_RUNNING = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
+# RPCs that only get past their first check on a running container.
+RUNNING_RPCS = {"Exec", "Attach", "ReopenContainerLog", "ContainerStats",
+                "UpdateContainerResources"}
 # No applet that runs another program, reads a device forever or writes files.
 SAFE_APPLETS = {"sleep", "true", "false", "echo", "id"}
 
@@ -361,8 +369,8 @@ def container_config(pool: Pool, command: list[str]) -> pb.ContainerConfig:
 
 def valid(method: Method, pool: Pool) -> st.SearchStrategy[Message]:
     """A request that should succeed (or fail only because of the daemon's state)."""
-    pods = pick(lambda: list(pool.pods))
-    ctrs = pick(lambda: list(pool.containers))
+    pods = pick(lambda: [p for p in pool.pods if p in pool.ready])
+    ctrs = pick(lambda: pool.in_state(pb.CONTAINER_RUNNING))
     name = method.name
     if name == "RunPodSandbox":
         return st.builds(lambda: pb.RunPodSandboxRequest(config=pod_config(pool)))
@@ -386,14 +394,19 @@ def valid(method: Method, pool: Pool) -> st.SearchStrategy[Message]:
                                                                cpu_shares=256)), ctrs)
     if name == "StopContainer":
         return st.builds(lambda cid: pb.StopContainerRequest(container_id=cid, timeout=2), ctrs)
+    if name == "StartContainer":
+        return st.builds(lambda cid: pb.StartContainerRequest(container_id=cid),
+                         pick(lambda: pool.in_state(pb.CONTAINER_CREATED)))
     return with_ids(method, pool)
 
 
 def with_ids(method: Method, pool: Pool) -> st.SearchStrategy[Message]:
     """The empty request with its top-level ID fields naming objects that exist."""
+    wants_running = method.name in RUNNING_RPCS
     choices: dict[str, Callable[[], list[str]]] = {
         "pod_sandbox_id": lambda: list(pool.pods),
-        "container_id": lambda: list(pool.containers),
+        "container_id": lambda: (pool.in_state(pb.CONTAINER_RUNNING) if wants_running
+                                 else list(pool.containers)),
         "id": pool.ids,
     }
     fields: dict[str, st.SearchStrategy[Any]] = {
@@ -422,6 +435,8 @@ def _requests(pool: Pool) -> st.SearchStrategy[Request]:
         almost = base.flatmap(lambda msg: mutated(msg, pool)).map(
             lambda mh: Request(m, mh[0], f"valid with {mh[1]}"))
         rand = message(m.request.DESCRIPTOR, pool).map(lambda msg: Request(m, msg, "random"))
+        if len(m.request.DESCRIPTOR.fields) <= 2:  # mutating mostly hits the one ID
+            return st.one_of(as_is, as_is, as_is, almost, rand)
         return st.one_of(as_is, as_is, almost, almost, rand)
 
     per_method = {n: for_method(n) for n in names}
@@ -646,10 +661,20 @@ class Fuzzer:
     def learn(self, name: str, msg: Any, resp: Any) -> None:
         if name == "RunPodSandbox":
             self.pool.pods[resp.pod_sandbox_id] = msg.config
+            self.pool.ready.add(resp.pod_sandbox_id)
             self.ever.add(resp.pod_sandbox_id)
+        elif name == "StopPodSandbox":
+            self.pool.ready.discard(msg.pod_sandbox_id)
         elif name == "CreateContainer":
             self.pool.containers[resp.container_id] = msg.pod_sandbox_id
+            self.pool.states[resp.container_id] = pb.CONTAINER_CREATED
             self.ever.add(resp.container_id)
+        elif name == "StartContainer":
+            self.pool.states[msg.container_id] = pb.CONTAINER_RUNNING
+        elif name == "StopContainer":
+            self.pool.states[msg.container_id] = pb.CONTAINER_EXITED
+        elif name == "RemoveImage":
+            self.keep_image()
         elif name == "PullImage" and resp.image_ref not in self.pool.image_ids:
             self.pool.image_ids.append(resp.image_ref)
 
@@ -746,15 +771,22 @@ class Fuzzer:
             if (p.id not in self.pool.pods and not shared) or p.created_at < old:
                 self.remove_pod(p.id)
         self.pool.pods = {k: v for k, v in self.pool.pods.items() if k in live}
-        self.pool.containers = {
-            c.id: c.pod_sandbox_id for c in ctrs.containers  # type: ignore[attr-defined]
-            if c.pod_sandbox_id in self.pool.pods}
+        self.pool.ready = {p.id for p in pods.items  # type: ignore[attr-defined]
+                           if p.state == pb.SANDBOX_READY}
+        mine = [c for c in ctrs.containers  # type: ignore[attr-defined]
+                if c.pod_sandbox_id in self.pool.pods]
+        self.pool.containers = {c.id: c.pod_sandbox_id for c in mine}
+        self.pool.states = {c.id: c.state for c in mine}
         for sid in list(self.pool.pods)[:-keep_pods]:
             self.remove_pod(sid)
+        self.keep_image()
+
+    def keep_image(self) -> None:
+        """Pull the test image again if a fuzzed RemoveImage took it away."""
         status = pb.ImageStatusRequest(image=pb.ImageSpec(image=self.pool.image))
-        if self.invoke("ImageStatus", status)[2] is not None and not self.invoke(
-                "ImageStatus", status)[2].HasField("image"):  # type: ignore[union-attr]
-            self.invoke("PullImage", pb.PullImageRequest(image=status.image))  # fuzzed away
+        found = self.invoke("ImageStatus", status)[2]
+        if found is not None and not found.HasField("image"):  # type: ignore[attr-defined]
+            self.invoke("PullImage", pb.PullImageRequest(image=status.image))
 
     def remove_pod(self, sid: str) -> None:
         for name, msg in (("StopPodSandbox", pb.StopPodSandboxRequest(pod_sandbox_id=sid)),
