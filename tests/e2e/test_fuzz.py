@@ -31,6 +31,16 @@ KNOWN_VALIDATION_FINDINGS = [
     "maximum allowed cpu-shares",
     "cannot use unified on cgroup",
     "Setting back cgroup configs failed",  # cpuset strings reach runc
+    "unable to apply cgroup configuration",  # cpuset/quota values reach runc
+    "error setting cgroup config",
+    "unable to get cgroup freezer state",  # NUL or odd cgroup_parent reaches runc
+    "cannot toggle freezer",
+    "sethostname: invalid argument",  # hostname over 64 bytes (issue 8 #15)
+    "File name too long",  # a 256-byte log_directory component
+    "additionalGids",  # supplemental group over uint32
+    "environment variable value can't contain",  # NUL in an env value
+    "executable file not found",  # ExecSync of a missing program is UNKNOWN
+    "registry answered 500",  # a repository name the registry refuses
 ]
 
 
