@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ class Auth:
         if self.auth:
             try:
                 raw = base64.b64decode(self.auth, validate=True).decode()
-            except (binascii.Error, UnicodeDecodeError):
+            except ValueError:  # not base64, not ASCII (b64decode's own ValueError), not UTF-8
                 raise errors.InvalidArgument("auth: not base64 of 'user:password'") from None
             user, sep, password = raw.partition(":")
             if not sep:

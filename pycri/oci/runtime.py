@@ -192,4 +192,7 @@ class OCIRuntime:
         if rc != 0:
             if self._absent(cid):
                 raise NotFound(f"{self.name} update {cid}: the runtime does not know it")
+            st = await self.state(cid)  # it may have exited before its exit file was read
+            if st is not None and st.get("status") == "stopped":
+                raise FailedPrecondition(f"{self.name} update {cid}: the container is not running")
             raise runtime_failure(self.name, "update", cid, err)

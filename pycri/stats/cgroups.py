@@ -35,7 +35,9 @@ def _systemd_dir(path: str) -> str:
 
 
 def relative_dir(cgroups_path: str) -> str:
-    if ":" in cgroups_path:
+    """systemd's `slice:prefix:name`; anything else is a cgroupfs path, which is
+    absolute and may itself hold ':' (a pod's cgroup_parent is the client's text)."""
+    if not cgroups_path.startswith("/") and cgroups_path.count(":") == 2:
         return _systemd_dir(cgroups_path)
     return cgroups_path.lstrip("/")
 

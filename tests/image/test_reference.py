@@ -147,6 +147,9 @@ def test_loopback_and_auth_forms() -> None:
     assert Auth(identity_token="x").basic() is None
     with pytest.raises(errors.InvalidArgument):
         Auth(auth="!!notbase64").basic()
+    for text in ("日本語", "\U0001f980", "dTpw\x00"):  # found by the fuzzer: INTERNAL
+        with pytest.raises(errors.InvalidArgument, match="not base64"):
+            Auth(auth=text).basic()
     assert Auth(server_address="https://index.docker.io/v1/").applies_to("docker.io")
     assert not Auth(server_address="quay.io").applies_to("127.0.0.1:5000")
     scheme, params = parse_challenge(

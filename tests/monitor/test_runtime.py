@@ -57,6 +57,24 @@ async def test_lifecycle_and_update(env: Env) -> None:
     assert await env.runtime.state(cid) is None
 
 
+async def test_update_of_a_stopped_container_is_failed_precondition(env: Env) -> None:
+    """Found by the fuzzer: UpdateContainerResources just after the process exited (before
+    its exit file was read) came back UNKNOWN with runc's "container not running"."""
+    cid = env.new_id()
+    created = await conmon.create(
+        cid, env.bundle(cid, ["/bin/sh", "-c", "exit 0"]), runtime=env.runtime,
+        log_path=env.log(cid), exit_dir=env.exit_dir, persist_dir=env.persist(cid),
+    )  # fmt: skip
+    env.conmons[cid] = created.conmon_pid
+    await env.runtime.start(cid)
+    assert await conmon.wait_gone(created.conmon_pid, 10)
+    try:  # crun accepts it; runc refuses, and that must not be an unknown failure
+        await env.runtime.update(cid, {"pids": {"limit": 42}})
+    except FailedPrecondition as e:
+        assert "not running" in str(e)
+    await env.runtime.delete(cid)
+
+
 def test_one_line_messages() -> None:
     logrus = b'time="2024-01-01T00:00:00Z" level=error msg="container \\"x\\" does not exist"\n'
     assert one_line(logrus) == 'container "x" does not exist'
