@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pycri import procs
 from pycri.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound
 from pycri.monitor.conmon import DEFAULT_CONMON
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
@@ -198,9 +199,12 @@ async def _finish(proc: asyncio.subprocess.Process, pid_file: Path, *, kill: boo
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05 if kill else _REAP_TIMEOUT)
     if proc.returncode is None:
+        # A runtime hung in `exec` is in conmon's session: take the whole group.
+        procs.kill_group(proc.pid)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         await proc.wait()
+        procs.reap_orphans_of(proc.pid)
 
 
 async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:

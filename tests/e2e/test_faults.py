@@ -437,3 +437,26 @@ def test_db_left_mid_transaction_recovers(node: Node) -> None:
     assert node.status(cid).state == pb.CONTAINER_RUNNING
     sid3, _ = node.run_pod("db-3")  # and pycri writes on
     assert node.pod_status(sid3).state == pb.SANDBOX_READY
+
+
+def test_runtime_hung_in_exec_sync_is_killed_with_its_children(
+    node: Node, hang: HangingRuntime
+) -> None:
+    """A runtime hung in `exec` (under ExecSync's conmon) is killed with its whole group
+    when the call gives up, and pycri reaps what that leaves it."""
+    sid, pod = _hang_pod(node, "hang-exec")
+    rt = node.cri.runtime
+    cid = rt.CreateContainer(_create(node, sid, pod, "c"), timeout=CLIENT_WAIT).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=CLIENT_WAIT)
+    hang.hang("exec")
+    with pytest.raises(grpc.RpcError) as e:
+        rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"], timeout=2),
+                    timeout=CLIENT_WAIT)
+    assert e.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN), \
+        e.value.details()
+    assert hang.hung_pids(), "the runtime never hung: the test proves nothing"
+    assert hang.left() == [], "the hung runtime (or its child) was left running or a zombie"
+    assert _zombies(node) == [], "pycri left zombies"
+    hang.release()
+    assert rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["true"]),
+                       timeout=CLIENT_WAIT).exit_code == 0
