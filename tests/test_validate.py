@@ -164,6 +164,36 @@ BAD: list[tuple[str, object, str]] = [
     ("label value too long", run(labels={"k": "v" * 20000}), "longer than 16384"),
     ("label key too long", run(labels={"k" * 20000: "v"}),
      "config.labels['" + "k" * 64 + "…'] (key): longer than 16384"),
+    # values the kernel or runc would refuse half-way through a create or update
+    ("cpuset garbage", res(cpuset_cpus="0-1,x"), "resources.cpuset_cpus: is not a CPU"),
+    ("cpuset mems garbage", res(cpuset_mems="ð["), "resources.cpuset_mems: is not a CPU"),
+    ("hugepage size garbage", ctr(linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
+            page_size="{W", limit=1)]))), "hugepage_limits[0].page_size: is not a huge page"),
+    ("memory below the floor", res(memory_limit_in_bytes=256),
+     "resources.memory_limit_in_bytes: 256 is outside 12582912"),
+    ("swap without memory", res(memory_swap_limit_in_bytes=20 << 20),
+     "memory_swap_limit_in_bytes: needs memory_limit_in_bytes"),
+    ("swap below memory", res(memory_limit_in_bytes=256 << 20,
+                              memory_swap_limit_in_bytes=145551800),
+     "memory_swap_limit_in_bytes: counts memory too"),
+    ("update memory below the floor", pb.UpdateContainerResourcesRequest(
+        container_id="ab", linux=pb.LinuxContainerResources(memory_limit_in_bytes=1)),
+     "linux.memory_limit_in_bytes: 1 is outside"),
+    ("sysctl of no namespace", run(linux=pb.LinuxPodSandboxConfig(sysctls={"5da7aa": "1"})),
+     "config.linux.sysctls['5da7aa']: is not a namespaced sysctl"),
+    ("host-wide sysctl", run(linux=pb.LinuxPodSandboxConfig(sysctls={"vm.swappiness": "1"})),
+     "is not a namespaced sysctl"),
+    ("net sysctl on the host network", run(linux=pb.LinuxPodSandboxConfig(
+        sysctls={"net.ipv4.ip_forward": "1"}, security_context=pb.LinuxSandboxSecurityContext(
+            namespace_options=pb.NamespaceOption(network=pb.NODE)))),
+     "would change the host's"),
+    ("ipc sysctl with the host IPC", run(linux=pb.LinuxPodSandboxConfig(
+        sysctls={"kernel.shm_rmid_forced": "1"}, security_context=pb.LinuxSandboxSecurityContext(
+            namespace_options=pb.NamespaceOption(ipc=pb.NODE)))),
+     "would change the host's"),
+    ("exec of an empty program", pb.ExecSyncRequest(container_id="ab", cmd=["", ""]),
+     "cmd[0]: must name the program to run"),
 ]
 
 
@@ -236,6 +266,14 @@ GOOD: list[tuple[str, object]] = [
         pb.PortMapping(container_port=80, host_port=8080, host_ip="127.0.0.1"),
         pb.PortMapping(container_port=80, host_port=8080, host_ip="::1")])),
     ("host port 0", run(port_mappings=[pb.PortMapping(container_port=80, protocol=pb.UDP)])),
+    ("critest OOM limits", res(memory_limit_in_bytes=15 << 20,
+                               memory_swap_limit_in_bytes=15 << 20)),
+    ("cpusets and huge pages", ctr(linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(cpuset_cpus="0-1,3", cpuset_mems="0",
+                                             hugepage_limits=[pb.HugepageLimit(
+                                                 page_size="2MB", limit=0)])))),
+    ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
+        sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]
 
 

@@ -86,7 +86,17 @@ def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) ->
             "Bind it to v1 (mkdir -p /sys/fs/cgroup/hugetlb && "
             "mount -t cgroup -o hugetlb none /sys/fs/cgroup/hugetlb) or use runc"
         )
+    if action in ("create", "update") and any(m in msg for m in _CGROUP_REFUSALS):
+        # The kernel refused a requested limit (a cpuset beyond the node's CPUs, memory
+        # below what the container already uses): the request's values are at fault.
+        return InvalidArgument(f"{runtime} {action} {cid}: the kernel refused the "
+                               f"container's resources: {msg}")
     return OCIRuntimeError(runtime, action, cid, msg)
+
+
+_CGROUP_REFUSALS = ("error setting cgroup config", "unable to apply cgroup configuration",
+                    "Setting back cgroup configs failed",
+                    "unable to set memory limit")
 
 
 class OCIRuntime:

@@ -34,12 +34,14 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from pycri.api.api_pb2 import NODE
 from pycri.errors import InvalidArgument
 
 MAX_ITEMS = 10_000
 # Kubernetes caps a pod's annotations at 256 KiB; the kubelet adds its own keys on top.
 MAX_MAP_BYTES = 512 * 1024
 SIZED_MAPS = ("labels", "annotations")
+MIN_MEMORY = 12 * 1024 * 1024
 UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
 
 Problem = str | None  # what is wrong with a value, or None when it is fine
@@ -58,6 +60,8 @@ class Kind:
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 _HOST_LABEL_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_\-]*[A-Za-z0-9])?")
 _SYSCTL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
+_CPUSET_RE = re.compile(r"\d{1,5}(-\d{1,5})?(,\d{1,5}(-\d{1,5})?)*")
+_PAGE_SIZE_RE = re.compile(r"\d{1,4}[KMGT]B")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, LF, CR allowed
 
@@ -121,6 +125,18 @@ def _sysctl(value: str) -> Problem:
     return None
 
 
+def _cpuset(value: str) -> Problem:
+    if value and not _CPUSET_RE.fullmatch(value):
+        return "is not a CPU or memory-node list (like 0-3,8)"
+    return None
+
+
+def _page_size(value: str) -> Problem:
+    if not _PAGE_SIZE_RE.fullmatch(value):
+        return "is not a huge page size (like 2MB or 1GB)"
+    return None
+
+
 def _ip(value: str) -> Problem:
     try:
         ipaddress.ip_address(value)
@@ -156,6 +172,9 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("Device", "host_path"): PATH,
     ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
     ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096),
+    ("LinuxContainerResources", "cpuset_cpus"): Kind(max_len=4096, check=_cpuset),
+    ("LinuxContainerResources", "cpuset_mems"): Kind(max_len=4096, check=_cpuset),
+    ("HugepageLimit", "page_size"): Kind(max_len=16, check=_page_size),
     ("LinuxPodSandboxConfig", "sysctls.key"): Kind(max_len=253, check=_sysctl),
     ("ImageSpec", "image"): Kind(max_len=1024),
     ("ImageSpec", "user_specified_image"): Kind(max_len=1024),
@@ -205,7 +224,8 @@ RANGES: dict[tuple[str, str], Check] = {
     # The kernel takes CFS periods of 1 ms..1 s and quotas of at least 1 ms; 0 is unset.
     ("LinuxContainerResources", "cpu_period"): _between(1000, 1_000_000, 0),
     ("LinuxContainerResources", "cpu_quota"): _between(1000, _I64_MAX, 0, -1),
-    ("LinuxContainerResources", "memory_limit_in_bytes"): _NON_NEGATIVE,
+    # Below a few MiB a container cannot even start; CRI-O uses the same 12 MiB floor.
+    ("LinuxContainerResources", "memory_limit_in_bytes"): _between(MIN_MEMORY, _I64_MAX, 0),
     ("LinuxContainerResources", "memory_swap_limit_in_bytes"): _between(-1, _I64_MAX),
     ("PortMapping", "container_port"): _PORT,
     ("PortMapping", "host_port"): _PORT,
@@ -226,9 +246,45 @@ def _port_mapping(pm: Any) -> Problem:
     return None
 
 
+def _resources(r: Any) -> Problem:
+    swap, memory = r.memory_swap_limit_in_bytes, r.memory_limit_in_bytes
+    if swap > 0 and not memory:
+        return "memory_swap_limit_in_bytes: needs memory_limit_in_bytes"
+    if swap > 0 and swap < memory:
+        return ("memory_swap_limit_in_bytes: counts memory too, so must not be below "
+                "memory_limit_in_bytes")
+    return None
+
+
+# Sysctls a pod may set, by the namespace that makes them its own (as runc decides).
+_IPC_SYSCTLS = ("kernel.sem", "kernel.shm", "kernel.msg", "fs.mqueue.")
+_UTS_SYSCTLS = ("kernel.hostname", "kernel.domainname")
+
+
+def _pod_sysctls(linux: Any) -> Problem:
+    ns = linux.security_context.namespace_options
+    for key in linux.sysctls:
+        name = key.replace("/", ".")
+        if name.startswith(_IPC_SYSCTLS):
+            shared = ns.ipc == NODE
+        elif name.startswith("net."):
+            shared = ns.network == NODE
+        elif name in _UTS_SYSCTLS:
+            shared = ns.network == NODE  # the pod's UTS namespace goes with its network's
+        else:
+            return f"sysctls[{key[:64]!r}]: is not a namespaced sysctl (net.*, kernel.shm*, " \
+                "kernel.msg*, kernel.sem, fs.mqueue.*); a pod cannot set it"
+        if shared:
+            return f"sysctls[{key[:64]!r}]: would change the host's, since the pod shares " \
+                "that namespace with the node"
+    return None
+
+
 # Message -> a check across its fields (after each field passed its own checks).
 MESSAGE_RULES: dict[str, Check] = {
     "PortMapping": _port_mapping,
+    "LinuxContainerResources": _resources,
+    "LinuxPodSandboxConfig": _pod_sysctls,
 }
 
 # Request -> dotted paths that must be set for the RPC to mean anything.
@@ -246,12 +302,20 @@ REQUIRED: dict[str, tuple[str, ...]] = {
 }
 
 
+# Request -> repeated string fields whose first entry names a program to run.
+PROGRAMS: dict[str, str] = {"ExecSyncRequest": "cmd", "ExecRequest": "cmd"}
+
+
 def check_request(request: Message) -> None:
     """Raise InvalidArgument for the first malformed field of a CRI request."""
     _walk(request, "")
-    for path in REQUIRED.get(request.DESCRIPTOR.name, ()):
+    name = request.DESCRIPTOR.name
+    for path in REQUIRED.get(name, ()):
         if not _lookup(request, path):
             raise InvalidArgument(f"{path}: must be set")
+    argv = getattr(request, PROGRAMS[name]) if name in PROGRAMS else None
+    if argv and not argv[0]:
+        raise InvalidArgument(f"{PROGRAMS[name]}[0]: must name the program to run")
 
 
 def _lookup(msg: Any, path: str) -> Any:

@@ -235,6 +235,34 @@ def test_update_resources_changes_the_cgroup(
     assert not cgroup.exists()
 
 
+def test_resources_the_kernel_refuses_are_invalid_argument_and_change_nothing(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    """A well-formed cpuset naming CPUs the node lacks passes the gate; the kernel refuses
+    it. That is the request's fault (InvalidArgument), not UNKNOWN, and nothing changes."""
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "refused", SLEEP, linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=64 << 20)))
+    with pytest.raises(grpc.RpcError) as e:
+        node.cri.runtime.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+            container_id=cid, linux=pb.LinuxContainerResources(
+                memory_limit_in_bytes=96 << 20, cpuset_cpus="4000")))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "the kernel refused" in (e.value.details() or "")
+    st = node.status(cid)
+    assert st.state == pb.CONTAINER_RUNNING
+    assert st.resources.linux.memory_limit_in_bytes == 64 << 20
+    with pytest.raises(grpc.RpcError) as e:
+        node.cri.runtime.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=sid, sandbox_config=cfg, config=node.container_config(
+                "refused-create", SLEEP, linux=pb.LinuxContainerConfig(
+                    resources=pb.LinuxContainerResources(cpuset_cpus="4000")))))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    names = [c.metadata.name for c in node.cri.runtime.ListContainers(
+        pb.ListContainersRequest()).containers]
+    assert "refused-create" not in names
+
+
 def test_exec_sync(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
     sid, cfg = pod
     cid = node.run(sid, cfg, "ex", SLEEP)

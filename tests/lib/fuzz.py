@@ -809,12 +809,15 @@ class Fuzzer:
     # -- at the end
 
     def leaks(self, tmp: Path) -> dict[str, list[str]]:
-        """What is left after remove_all(): host objects, leases, DB rows, canary changes."""
+        """What is left after remove_all(): host objects, leases, DB rows, canary changes.
+        Stops the daemon."""
         from tests.e2e.conftest import leftovers
 
         out = leftovers(tmp, self.ever | {p.name for p in (tmp / "root" / "sandboxes").glob("*")})
         out["leases"] = sorted(p.name for p in self.ipam.glob("*/*")
                                if p.name not in ("lock",) and not p.name.startswith("last_"))
+        # pycri holds its database exclusively: the rows are read once it has stopped.
+        self.proc.stop(signal.SIGTERM)
         out["rows"] = db_rows(self.proc.root / "pycri.db")
         nat = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True)
         out["nat"] = [r for r in nat.stdout.splitlines() if self.network in r]
