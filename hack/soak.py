@@ -155,6 +155,7 @@ class Stats:
     killed_rpcs: Counter[str] = field(default_factory=Counter)
     restart_s: list[float] = field(default_factory=list)
     orphans_removed: int = 0
+    crashes: int = 0  # the daemon failed to come up
     seen_ids: set[str] = field(default_factory=set)
 
     def error(self, msg: str) -> None:
@@ -299,8 +300,9 @@ class Client(threading.Thread):
                                                    pb.StartContainerRequest(container_id=cid)))
             ctr.started = True
             if ctr.long:
+                pause = "sleep 0.3; " if self.rng.random() < 0.3 else ""  # kills land inside
                 out = self.call("ExecSync", self.rt.ExecSync, pb.ExecSyncRequest(
-                    container_id=cid, cmd=["echo", f"hi {cid[:8]}"], timeout=20))
+                    container_id=cid, cmd=["sh", "-c", f"{pause}echo hi {cid[:8]}"], timeout=20))
                 if out.exit_code != 0 or out.stdout != f"hi {cid[:8]}\n".encode():
                     self.stats.error(f"exec in {cid[:12]}: {out.exit_code} {out.stdout!r}")
 
@@ -451,12 +453,25 @@ class Soak:
         # second; the daemon removes a stale socket itself, so this only speeds the probe.
         self.proc.socket.unlink(missing_ok=True)
         t0 = time.monotonic()
-        self.proc.start()  # returns once the CRI socket accepts
+        self.start()
         self.stats.restart_s.append(time.monotonic() - t0)
         if not self.gate.wait_parked(RPC_TIMEOUT * 2):
             self.stats.error("clients did not park within the deadline after a kill")
         self.check()
         self.gate.open()
+
+    def start(self) -> None:
+        """Start the daemon (returns once the CRI socket accepts); a daemon that does not
+        come up is a crash: counted, its log tail shown, and tried twice more."""
+        for attempt in range(3):
+            try:
+                self.proc.start()
+                return
+            except RuntimeError as e:
+                tail = "\n".join(str(e).splitlines()[-15:])
+                self.stats.error(f"the daemon did not start (attempt {attempt + 1}):\n{tail}")
+                self.stats.crashes += 1
+        raise SystemExit("the daemon does not start any more; giving up")
 
     def check(self) -> None:
         """Every client's ledger against what the restarted daemon lists."""
@@ -512,6 +527,7 @@ def summary(soak: Soak, kills: int, seconds: float, left: dict[str, list[str]]) 
                             "p95": round(r[int(len(r) * 0.95) - 1 if len(r) > 1 else 0], 3),
                             "max": round(r[-1], 3)},
         "orphans_removed": st.orphans_removed,
+        "daemon_start_failures": st.crashes,
         "losses": len(st.losses),
         "errors": len(st.errors),
         "leaks": sum(len(v) for v in left.values()),
@@ -543,7 +559,7 @@ def main() -> int:
         image = images.push_busybox(registry.addr, work / "layout")
     soak = Soak(work, image, args)
     print(f"work dir {work}, image {image}", flush=True)
-    soak.proc.start()
+    soak.start()
     cri = soak.proc.client()
     cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)))
     cri.channel.close()

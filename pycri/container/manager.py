@@ -37,7 +37,7 @@ from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import resolve_within
 from pycri.launcher import Launcher
-from pycri.monitor.execsync import ExecResult, exec_sync
+from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.oci import mounts, seccomp, spec
 from pycri.oci.users import UserRequest, resolve_user_in_rootfs
@@ -512,8 +512,14 @@ class ContainerManager:
         if c.state != pb.CONTAINER_RUNNING:
             raise FailedPrecondition(f"container {c.id} is not running")
         return await exec_sync(
-            c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout)
+            c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout),
+            work_root=self.exec_root,
         )
+
+    @property
+    def exec_root(self) -> Path:
+        """ExecSync work dirs: root-only, and swept at start (a crash leaves them)."""
+        return Path(self.cfg.state) / "exec"
 
     # -- stats -----------------------------------------------------------------------
 
@@ -592,6 +598,8 @@ class ContainerManager:
     async def recover(self) -> None:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
+        if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
+            log.info("cleared %d exec session(s) a crash left behind", n)
         for cid, rec in self.store.items(KIND):
             c = Container.from_record(cid, rec)
             self.containers[cid] = c

@@ -7,9 +7,14 @@ daemon and checks that the restart (or the next call) cleans it up.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
@@ -38,3 +43,60 @@ def test_cni_cache_write_cut_short_by_a_kill_is_pruned_at_restart(node: Node) ->
     assert not (cache / vanished).exists()
     node.restart(signal.SIGKILL)  # and it stays that way
     assert list(cache.iterdir()) == []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _exec_session(cid: str) -> tuple[int, Path]:
+    """(pid of `conmon --exec` for `cid`, its work dir), once the exec'd process runs."""
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--exec" in argv and cid.encode() in argv and b"--exec-process-spec" in argv:
+            work = Path(os.fsdecode(argv[argv.index(b"--exec-process-spec") + 1])).parent
+            if (work / "pid").exists() and (work / "pid").read_text().strip():
+                return int(d.name), work
+    raise LookupError(cid)
+
+
+def test_exec_sync_cut_short_by_a_kill_leaves_no_process_or_files(node: Node) -> None:
+    """kill -9 during an ExecSync left the exec'd process and its `conmon --exec`
+    running for good and their work dir (with the container's env) in /tmp; the
+    restarted daemon knew nothing of them (found by a 50-kill chaos run)."""
+    sid, pod = node.run_pod("execcrash")
+    cid = node.run(sid, pod, "c", ["sleep", "100000"])
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.exec, cid, "sleep", "100001", timeout=0)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                conmon, work = _exec_session(cid)
+                break
+            except LookupError:
+                assert time.monotonic() < deadline, "the exec never started"
+                time.sleep(0.05)
+        exec_pid = int((work / "pid").read_text())
+        node.proc.kill()  # kill -9 pycri while the exec runs
+        with pytest.raises(grpc.RpcError):
+            pending.result(timeout=30)
+    assert _alive(exec_pid) and _alive(conmon)
+    node.proc.socket.unlink()
+    node.proc.start()
+    node.cri = node.proc.client()
+    assert not work.exists()
+    deadline = time.monotonic() + 10
+    while _alive(exec_pid) or _alive(conmon):
+        assert time.monotonic() < deadline, "the orphaned exec was left running"
+        time.sleep(0.05)
+    assert node.status(cid).state == pb.CONTAINER_RUNNING  # only the exec was killed
+    assert node.exec(cid, "echo", "ok").stdout == b"ok\n"
