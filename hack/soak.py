@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import statistics
@@ -52,11 +53,14 @@ from tests.conftest import CRIClient, PycriProcess
 from tests.lib import images
 from tests.lib.registry import Registry
 
-BRIDGE = "pcchaos0"
-SUBNET = "10.86.0.0/16"
-NETWORK = "pycri-chaos"
+# One network per run (two soaks at once must not share a bridge or a subnet).
+RUN = os.getpid() % 250
+BRIDGE = f"pcchaos{RUN}"
+SUBNET = f"10.86.{RUN}.0/24"
+NETWORK = f"pycri-chaos-{RUN}"
 RPC_TIMEOUT = 60.0
 LABEL = "soak-client"
+EXTRA_BYTES = 8 << 20  # an incompressible layer: pulls of it take long enough to be cut
 
 
 def conflist(ipam: Path) -> str:
@@ -256,9 +260,16 @@ class Client(threading.Thread):
 
     def reads(self) -> None:
         r = self.rng.random()
-        if r < 0.05:
+        extra = self.soak.extra_image
+        if r < 0.03:
             self.call("PullImage", self.img.PullImage,
                       pb.PullImageRequest(image=pb.ImageSpec(image=self.soak.image)))
+        elif r < 0.06 and extra:  # a real download and unpack, so kills land inside
+            self.call("PullImage", self.img.PullImage,
+                      pb.PullImageRequest(image=pb.ImageSpec(image=extra)))
+        elif r < 0.08 and extra:
+            self.call("RemoveImage", self.img.RemoveImage,
+                      pb.RemoveImageRequest(image=pb.ImageSpec(image=extra)))
         elif r < 0.15:
             self.call("ListImages", self.img.ListImages, pb.ListImagesRequest())
         elif r < 0.25:
@@ -424,9 +435,11 @@ class Client(threading.Thread):
 
 
 class Soak:
-    def __init__(self, work: Path, image: str, args: argparse.Namespace) -> None:
+    def __init__(self, work: Path, image: str, extra_image: str | None,
+                 args: argparse.Namespace) -> None:
         self.work = work
         self.image = image
+        self.extra_image = extra_image
         self.seed = args.seed
         self.pods_per_client = args.pods_per_client
         net_d = work / "net.d"
@@ -503,6 +516,9 @@ class Soak:
                                            timeout=RPC_TIMEOUT)
                 cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id),
                                              timeout=RPC_TIMEOUT)
+            if self.extra_image:  # its blobs and layers must all go
+                cri.image.RemoveImage(pb.RemoveImageRequest(
+                    image=pb.ImageSpec(image=self.extra_image)), timeout=RPC_TIMEOUT)
             left = cri.runtime.ListContainers(pb.ListContainersRequest()).containers
             for c in left:
                 self.stats.error(f"container {c.id[:12]} outlived its pod")
@@ -535,6 +551,28 @@ def summary(soak: Soak, kills: int, seconds: float, left: dict[str, list[str]]) 
     }
 
 
+def cleanup(work: Path) -> int:
+    """Restart the daemon of an interrupted soak on its own dirs and remove everything."""
+    proc = PycriProcess(root=work / "root", state=work / "state",
+                        socket=work / "state" / "pycri.sock", config=work / "pycri.toml",
+                        log=work / "pycri.log")
+    proc.socket.unlink(missing_ok=True)
+    proc.start()
+    cri = proc.client()
+    try:
+        for p in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
+            cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id))
+            cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+    finally:
+        cri.channel.close()
+        proc.stop()
+    net = json.loads((work / "net.d" / "10-chaos.conflist").read_text())
+    left = leftovers(work, set(), net["name"])
+    subprocess.run(["ip", "link", "del", net["plugins"][0]["bridge"]], capture_output=True)
+    print(json.dumps(left, indent=2))
+    return 1 if any(left.values()) else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--image", help="a busybox image the daemon can pull (default: push the "
@@ -548,16 +586,23 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the summary here")
     ap.add_argument("--keep", action="store_true", help="keep the work dir even if clean")
+    ap.add_argument("--cleanup", type=Path, metavar="WORK_DIR",
+                    help="only remove what an interrupted soak left in WORK_DIR, then report")
     args = ap.parse_args()
+    if args.cleanup:
+        return cleanup(args.cleanup)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="pycri-chaos-", dir="/var/tmp"))
     registry = None
-    image = args.image
+    image, extra = args.image, None
     if image is None:
         registry = Registry(work / "registry")
         registry.start()
         image = images.push_busybox(registry.addr, work / "layout")
-    soak = Soak(work, image, args)
+        noise = images.file("noise", random.Random(args.seed).randbytes(EXTRA_BYTES))
+        extra = images.push_image(registry.addr, work / "layout-extra", "chaos-extra", "1",
+                                  [images.ImageSpec(layers=[[noise]])])
+    soak = Soak(work, image, extra, args)
     print(f"work dir {work}, image {image}", flush=True)
     soak.start()
     cri = soak.proc.client()

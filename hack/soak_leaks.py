@@ -7,6 +7,7 @@ out, its CNI network and bridge), since other daemons may run on the host.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sqlite3
@@ -41,6 +42,35 @@ def db_rows(db: Path) -> list[str]:
     finally:
         conn.close()
     return [f"{kind}/{rid}" for kind, rid in rows]
+
+
+def image_store(root: Path) -> dict[str, list[str]]:
+    """Blobs, unpacked layers and layer rows that no remaining image refers to, and
+    downloads never finished (a kill mid-pull must not leave any of them for good)."""
+    db = root / "pycri.db"
+    if not db.exists():
+        return {}
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        images = [json.loads(d) for (d,) in conn.execute(
+            "SELECT data FROM records WHERE kind = 'image'")]
+        layer_rows = [rid for (rid,) in conn.execute(
+            "SELECT id FROM records WHERE kind = 'layer'")]
+    finally:
+        conn.close()
+    blobs = {b.split(":", 1)[1] for img in images for b in img["blobs"]}
+    chains = {c for img in images for c in img["chain_ids"]}
+    on_disk = root / "content" / "blobs" / "sha256"
+    return {
+        "unreferenced_blobs": [str(p) for p in _paths(on_disk) if p.name not in blobs],
+        "unreferenced_layers": [str(p) for p in _paths(root / "layers") if p.name not in chains],
+        "unreferenced_layer_rows": [f"layer/{r}" for r in layer_rows if r not in chains],
+        "unfinished_downloads": _entries(root / "content" / "ingest"),
+    }
+
+
+def _paths(d: Path) -> list[Path]:
+    return sorted(d.iterdir()) if d.is_dir() else []
 
 
 def iptables_rules(network: str, ids: set[str]) -> list[str]:
@@ -83,4 +113,4 @@ def leftovers(work: Path, seen: set[str], network: str) -> dict[str, list[str]]:
         "pod_dirs": _entries(root / "sandboxes") + _entries(state / "sandboxes"),
         "cni_cache": _entries(root / "cni-cache"),
         "rro": _entries(state / "rro"),
-    }
+    } | image_store(root)
