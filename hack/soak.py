@@ -6,8 +6,8 @@ the busybox test image (or uses `--image`), its own `pycri serve` (private root,
 state, socket, CNI network with its own bridge and subnet) and `--clients`
 threads that each churn their own pods: RunPodSandbox → CreateContainer →
 StartContainer → ExecSync → Stop/Remove, with pulls, lists and status calls in
-between. A killer thread SIGKILLs the daemon (by pid) every `--min-gap`…
-`--max-gap` seconds while the clients are mid-call, restarts it and, with every
+between. A killer thread SIGKILLs the daemon (by pid) after a random `--gap`
+(sometimes `--long-gap`) while the clients are mid-call, restarts it and, with every
 client parked, checks what each client was told:
   - a pod or container whose create returned OK and that was not removed since
     is listed, in a state consistent with the calls that returned OK
@@ -135,6 +135,7 @@ class Pod:
     config: pb.PodSandboxConfig
     stopped: bool = False  # StopPodSandbox returned OK
     doubt: bool = False  # a call on it was cut short
+    ip: str = ""
     containers: dict[str, Ctr] = field(default_factory=dict)
 
 
@@ -282,6 +283,10 @@ class Client(threading.Thread):
                            pb.PodSandboxStatusRequest(pod_sandbox_id=sid)).status
             if pod.stopped and st.state != pb.SANDBOX_NOTREADY:
                 self.stats.error(f"pod {sid[:12]} stopped but {pb.PodSandboxState.Name(st.state)}")
+            if not pod.stopped and not pod.doubt:  # its address survives every restart
+                pod.ip = pod.ip or st.network.ip
+                if st.network.ip != pod.ip:
+                    self.stats.error(f"pod {sid[:12]} changed its IP {pod.ip} -> {st.network.ip}")
             for cid in list(pod.containers):
                 self.call("ContainerStatus", self.rt.ContainerStatus,
                           pb.ContainerStatusRequest(container_id=cid))
@@ -488,24 +493,29 @@ class Soak:
 
     def check(self) -> None:
         """Every client's ledger against what the restarted daemon lists."""
-        pods, ctrs = self.listing()
+        pods, ctrs, owners = self.listing()
         self.stats.seen_ids.update(pods)
         self.stats.seen_ids.update(ctrs)
+        bad = [f"container {cid[:12]} is in pod {sid[:12]}, which is gone"
+               for cid, sid in owners.items() if sid not in pods]
         for client in self.clients:
-            for msg in client.check(pods, ctrs):
-                self.stats.losses.append(msg)
-                print(f"  LOSS {msg}", flush=True)
+            bad += client.check(pods, ctrs)
+        for msg in bad:
+            self.stats.losses.append(msg)
+            print(f"  LOSS {msg}", flush=True)
 
-    def listing(self) -> tuple[dict[str, int], dict[str, int]]:
+    def listing(self) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+        """Pod states, container states and each container's pod, as the daemon lists them."""
         cri = self.proc.client()
         try:
             pods = {p.id: p.state for p in cri.runtime.ListPodSandbox(
                 pb.ListPodSandboxRequest(), timeout=RPC_TIMEOUT).items}
-            ctrs = {c.id: c.state for c in cri.runtime.ListContainers(
-                pb.ListContainersRequest(), timeout=RPC_TIMEOUT).containers}
+            listed = cri.runtime.ListContainers(pb.ListContainersRequest(),
+                                                timeout=RPC_TIMEOUT).containers
         finally:
             cri.channel.close()
-        return pods, ctrs
+        return (pods, {c.id: c.state for c in listed},
+                {c.id: c.pod_sandbox_id for c in listed})
 
     def remove_all(self) -> None:
         cri = self.proc.client()
@@ -581,8 +591,12 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0, help="…or after this long")
     ap.add_argument("--clients", type=int, default=4, help="parallel churning clients")
     ap.add_argument("--pods-per-client", type=int, default=2)
-    ap.add_argument("--min-gap", type=float, default=0.3, help="seconds between kills, at least")
-    ap.add_argument("--max-gap", type=float, default=1.5, help="…and at most")
+    ap.add_argument("--gap", type=float, nargs=2, default=(0.2, 1.0), metavar=("MIN", "MAX"),
+                    help="seconds between kills (uniform)")
+    ap.add_argument("--long-gap", type=float, nargs=2, default=(1.5, 4.0), metavar=("MIN", "MAX"),
+                    help="…for this share of the kills, so slow calls (RunPodSandbox under "
+                    "load) finish too")
+    ap.add_argument("--long-share", type=float, default=0.35)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the summary here")
     ap.add_argument("--keep", action="store_true", help="keep the work dir even if clean")
@@ -616,7 +630,8 @@ def main() -> int:
         for c in soak.clients:
             c.start()
         while kills < args.kills and time.monotonic() < end:
-            time.sleep(rng.uniform(args.min_gap, args.max_gap))
+            time.sleep(rng.uniform(*(args.long_gap if rng.random() < args.long_share
+                                     else args.gap)))
             soak.kill_and_restart()
             kills += 1
             if kills % 25 == 0:
