@@ -628,6 +628,12 @@ class ContainerManager:
             c.message = "container state was lost (host reboot?)"
             c.finished_at = time.time_ns()
             self._save(c)
+        elif c.state == pb.CONTAINER_CREATED and state.get("status") == "running":
+            # A crash after the runtime started it but before the record said so: it runs,
+            # so it must not stay CREATED (a second StartContainer would fail and call it
+            # exited). The start time is when this was found, as the real one was lost.
+            c.state, c.started_at = pb.CONTAINER_RUNNING, time.time_ns()
+            self._save(c)
 
 
 def _with_pod_namespaces(

@@ -100,3 +100,40 @@ def test_exec_sync_cut_short_by_a_kill_leaves_no_process_or_files(node: Node) ->
         time.sleep(0.05)
     assert node.status(cid).state == pb.CONTAINER_RUNNING  # only the exec was killed
     assert node.exec(cid, "echo", "ok").stdout == b"ok\n"
+
+
+def test_start_container_cut_short_after_the_runtime_started_it_is_running(node: Node) -> None:
+    """A kill after `runc start` returned but before the record was saved left a
+    running container reported CREATED for good (found while checking what the chaos
+    runs' StartContainer kills leave behind)."""
+    marker = node.tmp / "started"
+    slow = node.tmp / "slow-start-runc"
+    slow.write_text('#!/bin/sh\ncase " $* " in *" start "*)\n'
+                    f'  /usr/sbin/runc "$@"; rc=$?; touch {marker}; sleep 3; exit $rc;;\n'
+                    'esac\nexec /usr/sbin/runc "$@"\n')
+    slow.chmod(0o755)
+    cfg_file = node.proc.config
+    cfg_file.write_text(cfg_file.read_text() + f'[runtimes.slowstart]\npath = "{slow}"\n')
+    node.restart()
+    pod = node.pod_config("slowstart")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=pod, runtime_handler="slowstart")).pod_sandbox_id
+    marker.unlink()  # the infra's start
+    cid = node.create(sid, pod, "victim", ["sleep", "100000"])
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(node.cri.runtime.StartContainer,
+                              pb.StartContainerRequest(container_id=cid))
+        deadline = time.monotonic() + 20
+        while not marker.exists():
+            assert time.monotonic() < deadline, "the runtime never started the container"
+            time.sleep(0.02)
+        node.proc.kill()  # kill -9 once the process runs, before pycri recorded it
+        with pytest.raises(grpc.RpcError):
+            pending.result(timeout=30)
+    node.proc.socket.unlink()
+    node.proc.start()
+    node.cri = node.proc.client()
+    st = node.status(cid)
+    assert st.state == pb.CONTAINER_RUNNING
+    assert st.started_at > 0
+    assert node.exec(cid, "echo", "alive").stdout == b"alive\n"
