@@ -29,6 +29,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -622,6 +623,8 @@ def main() -> int:
     cri = soak.proc.client()
     cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)))
     cri.channel.close()
+    stop = threading.Event()  # SIGTERM ends the run early, cleanly: remove all, count
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     kills = 0
     left: dict[str, list[str]] = {}
     t0 = time.monotonic()
@@ -629,7 +632,7 @@ def main() -> int:
     try:
         for c in soak.clients:
             c.start()
-        while kills < args.kills and time.monotonic() < end:
+        while kills < args.kills and time.monotonic() < end and not stop.is_set():
             time.sleep(rng.uniform(*(args.long_gap if rng.random() < args.long_share
                                      else args.gap)))
             soak.kill_and_restart()
