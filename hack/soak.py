@@ -1,16 +1,25 @@
 #!/usr/bin/env python3
-"""Soak: churn pods and containers while pycri is killed and restarted, then count leaks.
+"""Chaos soak: kill -9 a private pycri at random instants inside RPCs, then count leaks.
 
-Not a test (it runs for minutes). It starts its own `pycri serve` on a private
-root/state/socket and CNI network, then for `--minutes`:
-  - keeps up to `--pods` pods, each with a long-running container and a
-    container that exits, created and torn down at random;
-  - every `--kill-every` seconds kills the daemon with SIGKILL (or SIGTERM),
-    restarts it, and checks that every pod and container it had comes back.
-At the end it removes everything and prints what was left on the host
-(netns, mounts, conmon processes, cgroups, IP leases); exit status 1 if any.
+Not a test (it runs for many minutes). It starts its own loopback registry with
+the busybox test image (or uses `--image`), its own `pycri serve` (private root,
+state, socket, CNI network with its own bridge and subnet) and `--clients`
+threads that each churn their own pods: RunPodSandbox → CreateContainer →
+StartContainer → ExecSync → Stop/Remove, with pulls, lists and status calls in
+between. A killer thread SIGKILLs the daemon (by pid) after a random `--gap`
+(sometimes `--long-gap`) while the clients are mid-call, restarts it and, with every
+client parked, checks what each client was told:
+  - a pod or container whose create returned OK and that was not removed since
+    is listed, in a state consistent with the calls that returned OK
+    (started → not CREATED, stopped → EXITED / NOTREADY);
+  - nothing that was removed successfully comes back.
+Objects whose call was cut short may or may not exist; each client then removes
+its unknown and in-doubt objects (they must be removable) and goes on. After
+`--kills` kills (or `--minutes`) everything is removed, the daemon is stopped
+and the leftovers are counted (hack/soak_leaks.py). Exit status 1 on any loss,
+unexpected error or leak.
 
-    .venv/bin/python hack/soak.py --image 127.0.0.1:5000/e2e-test-images/busybox:1.29-2
+    .venv/bin/python hack/soak.py --kills 1000 --json /var/tmp/chaos/result.json
 """
 
 from __future__ import annotations
@@ -21,25 +30,43 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from soak_leaks import leftovers
 
 from pycri.api import api_pb2 as pb
-from pycri.api.api_pb2_grpc import RuntimeServiceStub
 from tests.conftest import CRIClient, PycriProcess
+from tests.lib import images
+from tests.lib.registry import Registry
 
-BRIDGE = "soak0"
-SUBNET = "10.86.0.0/16"
+# One network per run (two soaks at once must not share a bridge or a subnet).
+RUN = os.getpid() % 250
+BRIDGE = f"pcchaos{RUN}"
+SUBNET = f"10.86.{RUN}.0/24"
+NETWORK = f"pycri-chaos-{RUN}"
+RPC_TIMEOUT = 60.0
+LABEL = "soak-client"
+EXTRA_BYTES = 8 << 20  # an incompressible layer: pulls of it take long enough to be cut
 
 
 def conflist(ipam: Path) -> str:
     return json.dumps({
-        "cniVersion": "1.0.0", "name": "soak",
+        "cniVersion": "1.0.0", "name": NETWORK,
         "plugins": [
             {"type": "bridge", "bridge": BRIDGE, "isGateway": True, "ipMasq": True,
              "ipam": {"type": "host-local", "ranges": [[{"subnet": SUBNET}]],
@@ -49,139 +76,592 @@ def conflist(ipam: Path) -> str:
     })
 
 
+class Interrupted(Exception):
+    """The call was cut short by a kill: its effect is unknown."""
+
+
+class Gate:
+    """Clients run while the gate is open; the killer closes it, kills, restarts, waits
+    until every client is parked, checks, and opens it again."""
+
+    def __init__(self, clients: int) -> None:
+        self.cond = threading.Condition()
+        self.clients = clients
+        self.down = False
+        self.epoch = 0
+        self.parked = 0
+        self.stopping = False
+
+    def park(self) -> bool:
+        """Wait for the next epoch; False once the soak is ending."""
+        with self.cond:
+            seen = self.epoch
+            self.parked += 1
+            self.cond.notify_all()
+            while self.epoch == seen and not self.stopping:
+                self.cond.wait()
+            self.parked -= 1
+            return not self.stopping
+
+    def close(self) -> None:
+        with self.cond:
+            self.down = True
+
+    def wait_parked(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.parked < self.clients:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
+
+    def open(self) -> None:
+        with self.cond:
+            self.down = False
+            self.epoch += 1
+            self.cond.notify_all()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.down = True
+            self.cond.notify_all()
+
+
+@dataclass
+class Pod:
+    name: str
+    config: pb.PodSandboxConfig
+    stopped: bool = False  # StopPodSandbox returned OK
+    doubt: bool = False  # a call on it was cut short
+    ip: str = ""
+    containers: dict[str, Ctr] = field(default_factory=dict)
+
+
+@dataclass
+class Ctr:
+    name: str
+    long: bool  # sleeps until stopped; the other one exits by itself
+    started: bool = False
+    stopped: bool = False
+    doubt: bool = False
+
+
+@dataclass
+class Stats:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    ok: Counter[str] = field(default_factory=Counter)
+    interrupted: Counter[str] = field(default_factory=Counter)
+    errors: list[str] = field(default_factory=list)
+    losses: list[str] = field(default_factory=list)
+    inflight: dict[int, str] = field(default_factory=dict)
+    kills_in_rpc: int = 0
+    killed_rpcs: Counter[str] = field(default_factory=Counter)
+    restart_s: list[float] = field(default_factory=list)
+    orphans_removed: int = 0
+    crashes: int = 0  # the daemon failed to come up
+    seen_ids: set[str] = field(default_factory=set)
+
+    def error(self, msg: str) -> None:
+        with self.lock:
+            self.errors.append(msg)
+        print(f"  ERROR {msg}", flush=True)
+
+
+class Client(threading.Thread):
+    """One kubelet-like client churning its own pods (labelled with its index)."""
+
+    def __init__(self, idx: int, soak: Soak) -> None:
+        super().__init__(name=f"client-{idx}", daemon=True)
+        self.idx = idx
+        self.soak = soak
+        self.gate = soak.gate
+        self.stats = soak.stats
+        self.rng = random.Random(soak.seed * 1000 + idx)
+        self.pods: dict[str, Pod] = {}
+        self.removed: set[str] = set()  # IDs whose Remove returned OK
+        self.seq = 0
+        self.cri: CRIClient | None = None
+
+    # -- calls -----------------------------------------------------------------
+
+    def connect(self) -> None:
+        if self.cri is not None:
+            self.cri.channel.close()
+        self.cri = self.soak.proc.client()
+
+    def call(self, kind: str, method: Callable[..., Any], req: Any) -> Any:
+        if self.gate.down:
+            raise Interrupted(kind)
+        self.stats.inflight[self.idx] = kind
+        try:
+            resp = method(req, timeout=RPC_TIMEOUT)
+        except grpc.RpcError as e:
+            if self.gate.down:
+                with self.stats.lock:
+                    self.stats.interrupted[kind] += 1
+                raise Interrupted(kind) from None
+            self.stats.error(f"client {self.idx} {kind}: {e.code().name} {e.details()}")
+            raise
+        finally:
+            self.stats.inflight.pop(self.idx, None)
+        with self.stats.lock:
+            self.stats.ok[kind] += 1
+        return resp
+
+    @property
+    def rt(self) -> Any:
+        assert self.cri is not None
+        return self.cri.runtime
+
+    @property
+    def img(self) -> Any:
+        assert self.cri is not None
+        return self.cri.image
+
+    # -- the churn ---------------------------------------------------------------
+
+    def run(self) -> None:
+        self.connect()
+        while not self.gate.stopping:
+            try:
+                self.step()
+            except Interrupted:
+                if not self.gate.park():
+                    return
+                self.connect()
+                self.reconcile_until_done()
+            except grpc.RpcError:
+                time.sleep(0.2)  # counted already; go on churning
+            except Exception as e:  # a soak reports failures, it does not stop on them
+                self.stats.error(f"client {self.idx}: {type(e).__name__}: {e}")
+                time.sleep(0.2)
+
+    def reconcile_until_done(self) -> None:
+        """Remove what this client does not know or is unsure of; a kill during this
+        parks again and starts over."""
+        while not self.gate.stopping:
+            try:
+                self.reconcile()
+                return
+            except Interrupted:
+                if not self.gate.park():
+                    return
+                self.connect()
+
+    def step(self) -> None:
+        self.reads()
+        if len(self.pods) < self.soak.pods_per_client and (
+                not self.pods or self.rng.random() < 0.6):
+            self.add_pod()
+        else:
+            sid = self.rng.choice(list(self.pods))
+            self.remove_pod(sid)
+
+    def reads(self) -> None:
+        r = self.rng.random()
+        extra = self.soak.extra_image
+        if r < 0.03:
+            self.call("PullImage", self.img.PullImage,
+                      pb.PullImageRequest(image=pb.ImageSpec(image=self.soak.image)))
+        elif r < 0.06 and extra:  # a real download and unpack, so kills land inside
+            self.call("PullImage", self.img.PullImage,
+                      pb.PullImageRequest(image=pb.ImageSpec(image=extra)))
+        elif r < 0.08 and extra:
+            self.call("RemoveImage", self.img.RemoveImage,
+                      pb.RemoveImageRequest(image=pb.ImageSpec(image=extra)))
+        elif r < 0.15:
+            self.call("ListImages", self.img.ListImages, pb.ListImagesRequest())
+        elif r < 0.25:
+            self.call("ImageStatus", self.img.ImageStatus,
+                      pb.ImageStatusRequest(image=pb.ImageSpec(image=self.soak.image)))
+        self.call("ListPodSandbox", self.rt.ListPodSandbox, pb.ListPodSandboxRequest())
+        self.call("ListContainers", self.rt.ListContainers, pb.ListContainersRequest())
+        for sid, pod in list(self.pods.items()):
+            st = self.call("PodSandboxStatus", self.rt.PodSandboxStatus,
+                           pb.PodSandboxStatusRequest(pod_sandbox_id=sid)).status
+            if pod.stopped and st.state != pb.SANDBOX_NOTREADY:
+                self.stats.error(f"pod {sid[:12]} stopped but {pb.PodSandboxState.Name(st.state)}")
+            if not pod.stopped and not pod.doubt:  # its address survives every restart
+                pod.ip = pod.ip or st.network.ip
+                if st.network.ip != pod.ip:
+                    self.stats.error(f"pod {sid[:12]} changed its IP {pod.ip} -> {st.network.ip}")
+            for cid in list(pod.containers):
+                self.call("ContainerStatus", self.rt.ContainerStatus,
+                          pb.ContainerStatusRequest(container_id=cid))
+
+    def add_pod(self) -> None:
+        self.seq += 1
+        name = f"c{self.idx}-{self.seq}"
+        cfg = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=name, namespace="chaos", uid=f"u-{name}"),
+            labels={LABEL: str(self.idx)},
+            log_directory=str(self.soak.work / "logs" / name))
+        sid = self.call("RunPodSandbox", self.rt.RunPodSandbox,
+                        pb.RunPodSandboxRequest(config=cfg)).pod_sandbox_id
+        pod = self.pods[sid] = Pod(name, cfg)
+        self.stats.seen_ids.add(sid)
+        for cname, cmd in (("long", ["sleep", "100000"]), ("short", ["sh", "-c", "exit 3"])):
+            if cname == "short" and self.rng.random() < 0.5:
+                continue
+            ccfg = pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name=cname), labels={LABEL: str(self.idx)},
+                image=pb.ImageSpec(image=self.soak.image), command=cmd, log_path=f"{cname}.log")
+            cid = self.call("CreateContainer", self.rt.CreateContainer, pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=ccfg, sandbox_config=cfg)).container_id
+            ctr = pod.containers[cid] = Ctr(cname, cname == "long")
+            self.stats.seen_ids.add(cid)
+            self.on(ctr, lambda cid=cid: self.call("StartContainer", self.rt.StartContainer,
+                                                   pb.StartContainerRequest(container_id=cid)))
+            ctr.started = True
+            if ctr.long:
+                pause = "sleep 0.3; " if self.rng.random() < 0.3 else ""  # kills land inside
+                out = self.call("ExecSync", self.rt.ExecSync, pb.ExecSyncRequest(
+                    container_id=cid, cmd=["sh", "-c", f"{pause}echo hi {cid[:8]}"], timeout=20))
+                if out.exit_code != 0 or out.stdout != f"hi {cid[:8]}\n".encode():
+                    self.stats.error(f"exec in {cid[:12]}: {out.exit_code} {out.stdout!r}")
+
+    def on(self, obj: Pod | Ctr, fn: Callable[[], Any]) -> Any:
+        """A call on a known object: cut short, the object is in doubt."""
+        try:
+            return fn()
+        except Interrupted:
+            obj.doubt = True
+            raise
+
+    def remove_pod(self, sid: str) -> None:
+        pod = self.pods[sid]
+        for cid, ctr in list(pod.containers.items()):
+            if self.rng.random() < 0.5:
+                continue  # left to RemovePodSandbox
+            self.on(ctr, lambda cid=cid: self.call(
+                "StopContainer", self.rt.StopContainer,
+                pb.StopContainerRequest(container_id=cid, timeout=0)))
+            ctr.stopped = True
+            self.on(ctr, lambda cid=cid: self.call(
+                "RemoveContainer", self.rt.RemoveContainer,
+                pb.RemoveContainerRequest(container_id=cid)))
+            del pod.containers[cid]
+            self.removed.add(cid)
+        self.on(pod, lambda: self.call("StopPodSandbox", self.rt.StopPodSandbox,
+                                       pb.StopPodSandboxRequest(pod_sandbox_id=sid)))
+        pod.stopped = True
+        for ctr in pod.containers.values():
+            ctr.stopped = True
+        self.on(pod, lambda: self.call("RemovePodSandbox", self.rt.RemovePodSandbox,
+                                       pb.RemovePodSandboxRequest(pod_sandbox_id=sid)))
+        del self.pods[sid]
+        self.removed.add(sid)
+        self.removed.update(pod.containers)
+
+    def reconcile(self) -> None:
+        """After a restart: every listed object of this client that it does not know, or
+        that a cut-short call left in doubt, is stopped and removed (it must be)."""
+        mine = {LABEL: str(self.idx)}
+        pods = self.call("ListPodSandbox", self.rt.ListPodSandbox, pb.ListPodSandboxRequest(
+            filter=pb.PodSandboxFilter(label_selector=mine))).items
+        ctrs = self.call("ListContainers", self.rt.ListContainers, pb.ListContainersRequest(
+            filter=pb.ContainerFilter(label_selector=mine))).containers
+        self.stats.seen_ids.update(p.id for p in pods)
+        self.stats.seen_ids.update(c.id for c in ctrs)
+        doomed_pods = [p.id for p in pods if p.id not in self.pods or self.pods[p.id].doubt]
+        known_ctrs = {cid: ctr for pod in self.pods.values() for cid, ctr in pod.containers.items()}
+        for c in ctrs:
+            if c.pod_sandbox_id in doomed_pods:
+                continue
+            ctr = known_ctrs.get(c.id)
+            if ctr is None or ctr.doubt:
+                self.call("StopContainer", self.rt.StopContainer,
+                          pb.StopContainerRequest(container_id=c.id, timeout=0))
+                self.call("RemoveContainer", self.rt.RemoveContainer,
+                          pb.RemoveContainerRequest(container_id=c.id))
+                self.forget(c.id)
+                self.stats.orphans_removed += 1
+        listed_ctrs = {c.id for c in ctrs}
+        for pod in self.pods.values():  # a doubtful remove that had finished
+            for cid in [cid for cid, ctr in pod.containers.items()
+                        if ctr.doubt and cid not in listed_ctrs]:
+                del pod.containers[cid]
+        for sid in doomed_pods:
+            self.call("StopPodSandbox", self.rt.StopPodSandbox,
+                      pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+            self.call("RemovePodSandbox", self.rt.RemovePodSandbox,
+                      pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+            self.forget(sid)
+            self.stats.orphans_removed += 1
+        listed = {p.id for p in pods}
+        for sid in [s for s, p in self.pods.items() if p.doubt and s not in listed]:
+            self.forget(sid)
+
+    def forget(self, oid: str) -> None:
+        pod = self.pods.pop(oid, None)
+        if pod is not None:
+            self.removed.update(pod.containers)
+        for p in self.pods.values():
+            p.containers.pop(oid, None)
+        self.removed.add(oid)
+
+    # -- the invariant -------------------------------------------------------------
+
+    def check(self, pods: dict[str, int], ctrs: dict[str, int]) -> list[str]:
+        """What this client was told against what the restarted daemon lists."""
+        bad = []
+        for sid, pod in self.pods.items():
+            state = pods.get(sid)
+            if state is None:
+                if not pod.doubt:
+                    bad.append(f"pod {sid[:12]} ({pod.name}) was created but is gone")
+                continue
+            if pod.stopped and not pod.doubt and state != pb.SANDBOX_NOTREADY:
+                bad.append(f"pod {sid[:12]} was stopped but is {pb.PodSandboxState.Name(state)}")
+            if not pod.stopped and not pod.doubt and state != pb.SANDBOX_READY:
+                bad.append(f"pod {sid[:12]} is {pb.PodSandboxState.Name(state)}, never stopped")
+            for cid, ctr in pod.containers.items():
+                cstate = ctrs.get(cid)
+                if cstate is None:
+                    if not ctr.doubt and not pod.doubt:
+                        bad.append(f"container {cid[:12]} ({pod.name}/{ctr.name}) is gone")
+                    continue
+                if ctr.doubt or pod.doubt:
+                    continue
+                want = ({pb.CONTAINER_EXITED} if ctr.stopped or (ctr.started and not ctr.long)
+                        else {pb.CONTAINER_RUNNING} if ctr.started
+                        else {pb.CONTAINER_CREATED})
+                if ctr.started and not ctr.long:
+                    want.add(pb.CONTAINER_RUNNING)  # `exit 3` may not have exited yet
+                if cstate not in want:
+                    bad.append(f"container {cid[:12]} ({pod.name}/{ctr.name}) is "
+                               f"{pb.ContainerState.Name(cstate)}, expected "
+                               f"{[pb.ContainerState.Name(s) for s in want]}")
+        back = self.removed & (set(pods) | set(ctrs))
+        bad += [f"removed {oid[:12]} is back" for oid in back]
+        return bad
+
+
 class Soak:
-    def __init__(self, work: Path, image: str) -> None:
+    def __init__(self, work: Path, image: str, extra_image: str | None,
+                 args: argparse.Namespace) -> None:
         self.work = work
         self.image = image
+        self.extra_image = extra_image
+        self.seed = args.seed
+        self.pods_per_client = args.pods_per_client
         net_d = work / "net.d"
         net_d.mkdir(parents=True)
-        (net_d / "10-soak.conflist").write_text(conflist(work / "ipam"))
+        (net_d / "10-chaos.conflist").write_text(conflist(work / "ipam"))
         config = work / "pycri.toml"
         config.write_text(f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n')
         self.proc = PycriProcess(root=work / "root", state=work / "state",
                                  socket=work / "state" / "pycri.sock", config=config,
                                  log=work / "pycri.log")
-        self.cri: CRIClient | None = None
-        self.seq = 0
-        self.stats = {"pods": 0, "containers": 0, "restarts": 0, "errors": 0}
-        self.ids: set[str] = set()
+        self.gate = Gate(args.clients)
+        self.stats = Stats()
+        self.clients = [Client(i, self) for i in range(args.clients)]
 
-    @property
-    def rt(self) -> RuntimeServiceStub:
-        assert self.cri is not None
-        return self.cri.runtime
+    def kill_and_restart(self) -> None:
+        self.gate.close()
+        inflight = list(self.stats.inflight.values())
+        assert self.proc.proc is not None
+        self.proc.kill()  # SIGKILL by pid, then wait
+        if inflight:
+            self.stats.kills_in_rpc += 1
+            self.stats.killed_rpcs.update(inflight)
+        # The dead daemon's socket file would make the readiness probe back off for a
+        # second; the daemon removes a stale socket itself, so this only speeds the probe.
+        self.proc.socket.unlink(missing_ok=True)
+        t0 = time.monotonic()
+        self.start()
+        self.stats.restart_s.append(time.monotonic() - t0)
+        if not self.gate.wait_parked(RPC_TIMEOUT * 2):
+            self.stats.error("clients did not park within the deadline after a kill")
+        self.check()
+        self.gate.open()
 
     def start(self) -> None:
-        self.proc.start()
-        self.cri = self.proc.client()
+        """Start the daemon (returns once the CRI socket accepts); a daemon that does not
+        come up is a crash: counted, its log tail shown, and tried twice more."""
+        for attempt in range(3):
+            try:
+                self.proc.start()
+                return
+            except RuntimeError as e:
+                tail = "\n".join(str(e).splitlines()[-15:])
+                self.stats.error(f"the daemon did not start (attempt {attempt + 1}):\n{tail}")
+                self.stats.crashes += 1
+        raise SystemExit("the daemon does not start any more; giving up")
 
-    def restart(self, sig: int) -> None:
-        before = self.snapshot()
-        assert self.cri is not None
-        self.cri.channel.close()
-        if sig == signal.SIGKILL:
-            self.proc.kill()
-        else:
-            self.proc.stop(sig)
-        self.start()
-        after = self.snapshot()
-        lost = {k: v for k, v in before.items() if after.get(k) not in (v, pb.CONTAINER_EXITED)}
-        if lost:
-            print(f"  restart lost or changed state of {len(lost)} objects: {lost}")
-            self.stats["errors"] += len(lost)
-        self.stats["restarts"] += 1
+    def check(self) -> None:
+        """Every client's ledger against what the restarted daemon lists."""
+        pods, ctrs, owners = self.listing()
+        self.stats.seen_ids.update(pods)
+        self.stats.seen_ids.update(ctrs)
+        bad = [f"container {cid[:12]} is in pod {sid[:12]}, which is gone"
+               for cid, sid in owners.items() if sid not in pods]
+        for client in self.clients:
+            bad += client.check(pods, ctrs)
+        for msg in bad:
+            self.stats.losses.append(msg)
+            print(f"  LOSS {msg}", flush=True)
 
-    def snapshot(self) -> dict[str, int]:
-        pods = {p.id: p.state for p in self.rt.ListPodSandbox(pb.ListPodSandboxRequest()).items}
-        ctrs = {c.id: c.state for c in
-                self.rt.ListContainers(pb.ListContainersRequest()).containers}
-        return pods | ctrs
-
-    def add_pod(self) -> None:
-        self.seq += 1
-        name = f"soak-{self.seq}"
-        cfg = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=name, namespace="soak", uid=f"u-{name}"),
-            log_directory=str(self.work / "logs" / name))
-        sid = self.rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg)).pod_sandbox_id
-        self.ids.add(sid)
-        for cname, cmd in (("long", ["sleep", "100000"]), ("short", ["sh", "-c", "exit 3"])):
-            ccfg = pb.ContainerConfig(metadata=pb.ContainerMetadata(name=cname),
-                                      image=pb.ImageSpec(image=self.image), command=cmd,
-                                      log_path=f"{cname}.log")
-            cid = self.rt.CreateContainer(pb.CreateContainerRequest(
-                pod_sandbox_id=sid, config=ccfg, sandbox_config=cfg)).container_id
-            self.ids.add(cid)
-            self.rt.StartContainer(pb.StartContainerRequest(container_id=cid))
-            self.stats["containers"] += 1
-        self.stats["pods"] += 1
-
-    def remove_pod(self, sid: str) -> None:
-        self.rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
-        self.rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+    def listing(self) -> tuple[dict[str, int], dict[str, int], dict[str, str]]:
+        """Pod states, container states and each container's pod, as the daemon lists them."""
+        cri = self.proc.client()
+        try:
+            pods = {p.id: p.state for p in cri.runtime.ListPodSandbox(
+                pb.ListPodSandboxRequest(), timeout=RPC_TIMEOUT).items}
+            listed = cri.runtime.ListContainers(pb.ListContainersRequest(),
+                                                timeout=RPC_TIMEOUT).containers
+        finally:
+            cri.channel.close()
+        return (pods, {c.id: c.state for c in listed},
+                {c.id: c.pod_sandbox_id for c in listed})
 
     def remove_all(self) -> None:
-        for p in self.rt.ListPodSandbox(pb.ListPodSandboxRequest()).items:
-            self.remove_pod(p.id)
+        cri = self.proc.client()
+        try:
+            for p in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
+                self.stats.seen_ids.add(p.id)
+                cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id),
+                                           timeout=RPC_TIMEOUT)
+                cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id),
+                                             timeout=RPC_TIMEOUT)
+            if self.extra_image:  # its blobs and layers must all go
+                cri.image.RemoveImage(pb.RemoveImageRequest(
+                    image=pb.ImageSpec(image=self.extra_image)), timeout=RPC_TIMEOUT)
+            left = cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+            for c in left:
+                self.stats.error(f"container {c.id[:12]} outlived its pod")
+                cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=c.id))
+        finally:
+            cri.channel.close()
 
-    def leftovers(self) -> dict[str, list[str]]:
-        netns = [n for n in os.listdir("/run/netns") if n.removeprefix("pycri-") in self.ids]
-        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()
-                  if str(self.work) in ln]
-        conmon = subprocess.run(["pgrep", "-f", f"conmon.*{self.work}"], capture_output=True,
-                                text=True).stdout.split()
-        cgroups = [str(d) for i in self.ids for d in
-                   Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{i}")]
-        leases = [p.name for p in (self.work / "ipam").rglob("*") if p.name[:1].isdigit()]
-        return {"netns": netns, "mounts": mounts, "conmon": conmon, "cgroups": cgroups,
-                "leases": leases}
+
+def summary(soak: Soak, kills: int, seconds: float, left: dict[str, list[str]]) -> dict[str, Any]:
+    st = soak.stats
+    r = sorted(st.restart_s) or [0.0]
+    return {
+        "kills": kills,
+        "kills_inside_rpcs": st.kills_in_rpc,
+        "seconds": round(seconds, 1),
+        "clients": len(soak.clients),
+        "rpcs_ok": dict(sorted(st.ok.items())),
+        "rpcs_ok_total": sum(st.ok.values()),
+        "rpcs_cut_short": dict(sorted(st.interrupted.items())),
+        "rpcs_in_flight_at_kills": dict(sorted(st.killed_rpcs.items())),
+        "restart_seconds": {"median": round(statistics.median(r), 3),
+                            "p95": round(r[int(len(r) * 0.95) - 1 if len(r) > 1 else 0], 3),
+                            "max": round(r[-1], 3)},
+        "orphans_removed": st.orphans_removed,
+        "daemon_start_failures": st.crashes,
+        "losses": len(st.losses),
+        "errors": len(st.errors),
+        "leaks": sum(len(v) for v in left.values()),
+        "leftovers": left,
+    }
+
+
+def cleanup(work: Path) -> int:
+    """Restart the daemon of an interrupted soak on its own dirs and remove everything."""
+    proc = PycriProcess(root=work / "root", state=work / "state",
+                        socket=work / "state" / "pycri.sock", config=work / "pycri.toml",
+                        log=work / "pycri.log")
+    proc.socket.unlink(missing_ok=True)
+    proc.start()
+    cri = proc.client()
+    try:
+        for p in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
+            cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id))
+            cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+    finally:
+        cri.channel.close()
+        proc.stop()
+    net = json.loads((work / "net.d" / "10-chaos.conflist").read_text())
+    left = leftovers(work, set(), net["name"])
+    subprocess.run(["ip", "link", "del", net["plugins"][0]["bridge"]], capture_output=True)
+    print(json.dumps(left, indent=2))
+    return 1 if any(left.values()) else 0
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--image", required=True, help="a busybox image the daemon can pull")
-    ap.add_argument("--minutes", type=float, default=5.0)
-    ap.add_argument("--pods", type=int, default=10, help="pods alive at most")
-    ap.add_argument("--kill-every", type=float, default=30.0, help="seconds between kills")
+    ap.add_argument("--image", help="a busybox image the daemon can pull (default: push the "
+                    "test busybox to a private loopback registry)")
+    ap.add_argument("--kills", type=int, default=50, help="stop after this many kill -9s")
+    ap.add_argument("--minutes", type=float, default=60.0, help="…or after this long")
+    ap.add_argument("--clients", type=int, default=4, help="parallel churning clients")
+    ap.add_argument("--pods-per-client", type=int, default=2)
+    ap.add_argument("--gap", type=float, nargs=2, default=(0.2, 1.0), metavar=("MIN", "MAX"),
+                    help="seconds between kills (uniform)")
+    ap.add_argument("--long-gap", type=float, nargs=2, default=(1.5, 4.0), metavar=("MIN", "MAX"),
+                    help="…for this share of the kills, so slow calls (RunPodSandbox under "
+                    "load) finish too")
+    ap.add_argument("--long-share", type=float, default=0.35)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--json", type=Path, help="also write the summary here")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir even if clean")
+    ap.add_argument("--cleanup", type=Path, metavar="WORK_DIR",
+                    help="only remove what an interrupted soak left in WORK_DIR, then report")
     args = ap.parse_args()
-    random.seed(args.seed)
-    work = Path(tempfile.mkdtemp(prefix="pycri-soak-", dir="/var/tmp"))
-    soak = Soak(work, args.image)
+    if args.cleanup:
+        return cleanup(args.cleanup)
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="pycri-chaos-", dir="/var/tmp"))
+    registry = None
+    image, extra = args.image, None
+    if image is None:
+        registry = Registry(work / "registry")
+        registry.start()
+        image = images.push_busybox(registry.addr, work / "layout")
+        noise = images.file("noise", random.Random(args.seed).randbytes(EXTRA_BYTES))
+        extra = images.push_image(registry.addr, work / "layout-extra", "chaos-extra", "1",
+                                  [images.ImageSpec(layers=[[noise]])])
+    soak = Soak(work, image, extra, args)
+    print(f"work dir {work}, image {image}", flush=True)
     soak.start()
-    soak.rt  # noqa: B018 - fail early if the daemon is not reachable
-    assert soak.cri is not None
-    soak.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=args.image)))
-    end = time.monotonic() + args.minutes * 60
-    next_kill = time.monotonic() + args.kill_every
+    cri = soak.proc.client()
+    cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)))
+    cri.channel.close()
+    stop = threading.Event()  # SIGTERM ends the run early, cleanly: remove all, count
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    kills = 0
+    left: dict[str, list[str]] = {}
+    t0 = time.monotonic()
+    end = t0 + args.minutes * 60
     try:
-        while time.monotonic() < end:
-            pods = [p.id for p in soak.rt.ListPodSandbox(pb.ListPodSandboxRequest()).items]
-            try:
-                if len(pods) < args.pods and (not pods or random.random() < 0.6):
-                    soak.add_pod()
-                else:
-                    soak.remove_pod(random.choice(pods))
-            except Exception as e:  # a soak reports failures, it does not stop on them
-                soak.stats["errors"] += 1
-                print(f"  error: {e}")
-            if time.monotonic() >= next_kill:
-                sig = random.choice([signal.SIGKILL, signal.SIGTERM])
-                print(f"restart #{soak.stats['restarts'] + 1} with {signal.Signals(sig).name}")
-                soak.restart(sig)
-                next_kill = time.monotonic() + args.kill_every
+        for c in soak.clients:
+            c.start()
+        while kills < args.kills and time.monotonic() < end and not stop.is_set():
+            time.sleep(rng.uniform(*(args.long_gap if rng.random() < args.long_share
+                                     else args.gap)))
+            soak.kill_and_restart()
+            kills += 1
+            if kills % 25 == 0:
+                st = soak.stats
+                print(f"{kills} kills, {time.monotonic() - t0:.0f}s, {sum(st.ok.values())} "
+                      f"RPCs ok, {st.kills_in_rpc} kills inside RPCs, losses "
+                      f"{len(st.losses)}, errors {len(st.errors)}, restart median "
+                      f"{statistics.median(st.restart_s):.2f}s", flush=True)
+        soak.gate.stop()
+        for c in soak.clients:
+            c.join(RPC_TIMEOUT * 2)
+        seconds = time.monotonic() - t0
         soak.remove_all()
-        left = soak.leftovers()
     finally:
-        if soak.cri is not None:
-            soak.cri.channel.close()
         soak.proc.stop()
+        left = leftovers(work, soak.stats.seen_ids, NETWORK)
         subprocess.run(["ip", "link", "del", BRIDGE], capture_output=True)
-    print(json.dumps({"stats": soak.stats, "leftovers": left}, indent=2))
-    leaked = any(left.values())
-    if not leaked:
+        if registry is not None:
+            registry.stop()
+    result = summary(soak, kills, seconds, left)
+    print(json.dumps(result, indent=2), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    bad = result["leaks"] or result["losses"] or result["errors"]
+    if not bad and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if leaked or soak.stats["errors"] else 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

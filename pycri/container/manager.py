@@ -39,7 +39,7 @@ from pycri.image.manager import ImageManager
 from pycri.image.snapshots import resolve_within
 from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
-from pycri.monitor.execsync import ExecResult, exec_sync
+from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.oci import mounts, seccomp, spec
 from pycri.oci.rootfs import pin_mount_destinations
@@ -569,8 +569,14 @@ class ContainerManager:
         if c.state != pb.CONTAINER_RUNNING:
             raise FailedPrecondition(f"container {c.id} is not running")
         return await exec_sync(
-            c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout)
+            c.id, argv, runtime=self.launcher.runtime(c.handler), timeout=float(timeout),
+            work_root=self.exec_root,
         )
+
+    @property
+    def exec_root(self) -> Path:
+        """ExecSync work dirs: root-only, and swept at start (a crash leaves them)."""
+        return Path(self.cfg.state) / "exec"
 
     # -- stats -----------------------------------------------------------------------
 
@@ -650,6 +656,8 @@ class ContainerManager:
         """Reload containers; exits missed while down come from the exit files,
         containers whose runtime state is gone (reboot) come back EXITED."""
         await asyncio.to_thread(self._sweep_staging)
+        if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
+            log.info("cleared %d exec session(s) a crash left behind", n)
         for cid, rec in self.store.items(KIND):
             try:
                 c = Container.from_record(cid, rec)
@@ -692,6 +700,12 @@ class ContainerManager:
             c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
             c.message = "container state was lost (host reboot?)"
             c.finished_at = time.time_ns()
+            self._save(c)
+        elif c.state == pb.CONTAINER_CREATED and state.get("status") == "running":
+            # A crash after the runtime started it but before the record said so: it runs,
+            # so it must not stay CREATED (a second StartContainer would fail and call it
+            # exited). The start time is when this was found, as the real one was lost.
+            c.state, c.started_at = pb.CONTAINER_RUNNING, time.time_ns()
             self._save(c)
 
 

@@ -20,6 +20,7 @@ import copy
 import functools
 import json
 import os
+import shutil
 import signal
 import tempfile
 import uuid
@@ -86,6 +87,20 @@ def _kill_tree(pid_file: Path) -> bool:
     return True
 
 
+def sweep_orphans(work_root: Path) -> int:
+    """Kill what the exec sessions of a daemon that died (kill -9) left running and
+    remove their work dirs (the process spec carries the container's env). Called
+    before serving, so no live session is touched; returns how many were found."""
+    found = 0
+    if work_root.is_dir():
+        for d in work_root.iterdir():
+            found += 1
+            _kill_tree(d / "pid")  # conmon --exec exits once its process is gone
+            shutil.rmtree(d, ignore_errors=True)
+    work_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return found
+
+
 async def exec_sync(
     cid: str,
     argv: list[str],
@@ -96,9 +111,12 @@ async def exec_sync(
     env: list[str] | None = None,
     max_output: int = MAX_OUTPUT,
     conmon: str = DEFAULT_CONMON,
+    work_root: Path | None = None,
 ) -> ExecResult:
     """Run `argv` in container `cid`; `process` defaults to the bundle's config.json one.
     `max_output` bounds stdout and stderr together (shared as `fit_output` says).
+    The session's files live in a fresh dir under `work_root` (the system temp dir by
+    default), which sweep_orphans() clears after a crash.
 
     Raises NotFound (unknown container), FailedPrecondition (not running),
     ExecTimeout (killed at `timeout`; a `timeout` of None or <= 0 means none).
@@ -116,7 +134,7 @@ async def exec_sync(
             process = json.load(f)["process"]
     assert process is not None
     limit = timeout if timeout and timeout > 0 else None
-    with tempfile.TemporaryDirectory(prefix="pycri-exec-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="pycri-exec-", dir=work_root) as tmp:
         work = Path(tmp)
         (work / "process.json").write_text(json.dumps(exec_process(process, argv, env)))
         return await _run(conmon, runtime, cid, work, limit, max_output)

@@ -65,17 +65,30 @@ class ResultCache:
             os.close(dfd)
 
     def _remove_sync(self, sandbox_id: str, network: str) -> None:
-        path = self._path(sandbox_id, network)
-        path.unlink(missing_ok=True)
+        self._path(sandbox_id, network).unlink(missing_ok=True)
+        self._prune_sync(sandbox_id)
+
+    def _prune_sync(self, sandbox_id: str) -> None:
+        """Drop what a crash between a write and its rename left (`*.tmp`, never read:
+        the plugins run only after the rename) and the directory once it is empty."""
+        d = self.root / sandbox_id
+        with contextlib.suppress(FileNotFoundError):
+            for n in os.listdir(d):
+                if n.endswith(".tmp"):
+                    (d / n).unlink(missing_ok=True)
         # Fails while other networks of the sandbox are still cached: fine.
         with contextlib.suppress(OSError):
-            path.parent.rmdir()
+            d.rmdir()
 
     async def write(self, sandbox_id: str, network: str, entry: dict[str, Any]) -> None:
         await asyncio.to_thread(self._write_sync, sandbox_id, network, entry)
 
     async def remove(self, sandbox_id: str, network: str) -> None:
         await asyncio.to_thread(self._remove_sync, sandbox_id, network)
+
+    async def prune(self, sandbox_id: str) -> None:
+        check_id(sandbox_id)
+        await asyncio.to_thread(self._prune_sync, sandbox_id)
 
     def read_all(self, sandbox_id: str) -> list[dict[str, Any]]:
         """Every cached entry of the sandbox; unreadable files raise (never silently leak)."""

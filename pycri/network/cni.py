@@ -436,7 +436,9 @@ class CNIManager:
                 first_error = first_error or e
                 continue
             await self.cache.remove(pod.sandbox_id, net.name)
-        if first_error is not None and raise_errors:
+        if first_error is None:
+            await self.cache.prune(pod.sandbox_id)  # a crash mid-write leaves only a .tmp
+        elif raise_errors:
             raise first_error
 
     async def teardown(self, pod: PodNetwork) -> None:
