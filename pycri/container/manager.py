@@ -691,12 +691,17 @@ class ContainerManager:
         if code is not None:
             self.on_exit(c.id, code, self.launcher.exit_time(c.id))
             return
-        if self.launcher.monitor_alive(c.id):
+        # A live monitor means the process is there; only a CREATED record needs the
+        # runtime, to learn whether a start cut short by a crash went through.
+        alive = self.launcher.monitor_alive(c.id)
+        if alive and c.state != pb.CONTAINER_CREATED:
             return
         state = None
         with contextlib.suppress(PycriError):
             state = await self.launcher.state(c.id, c.handler)
         if state is None:
+            if alive:
+                return  # the runtime did not answer; its monitor says it is there
             c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
             c.message = "container state was lost (host reboot?)"
             c.finished_at = time.time_ns()
