@@ -20,29 +20,6 @@ pytestmark = pytest.mark.e2e
 
 REQUESTS = int(os.environ.get("PYCRI_FUZZ_REQUESTS", "300"))
 
-# Findings that belong to the validation gate (pycri/server/validate.py) being built in
-# parallel, by substring of the finding key. TEMPORARY: while any is listed the test
-# xfails (strict=False) instead of failing; delete each once the gate refuses it.
-KNOWN_VALIDATION_FINDINGS = [
-    "ValueError: embedded null byte",  # NUL in names, paths, hostnames (issue 8 #6)
-    "Argument list too long",  # a 1 MiB pod name or namespace reaches CNI_ARGS
-    "is not in a separate kernel namespace",  # unknown sysctl names reach runc
-    "json: cannot unmarshal number",  # negative or huge resource values reach runc
-    "maximum allowed cpu-shares",
-    "cannot use unified on cgroup",
-    "Setting back cgroup configs failed",  # cpuset strings reach runc
-    "unable to apply cgroup configuration",  # cpuset/quota values reach runc
-    "error setting cgroup config",
-    "unable to get cgroup freezer state",  # NUL or odd cgroup_parent reaches runc
-    "cannot toggle freezer",
-    "sethostname: invalid argument",  # hostname over 64 bytes (issue 8 #15)
-    "File name too long",  # a 256-byte log_directory component
-    "additionalGids",  # supplemental group over uint32
-    "environment variable value can't contain",  # NUL in an env value
-    "executable file not found",  # ExecSync of a missing program is UNKNOWN
-    "registry answered 500",  # a repository name the registry refuses
-]
-
 
 @pytest.fixture
 def fuzz_node(tmp_path: Path, registry: Registry, busybox: str) -> Iterator[fuzz.FuzzNode]:
@@ -73,10 +50,4 @@ def test_fuzz_every_rpc(fuzz_node: fuzz.FuzzNode, tmp_path: Path) -> None:
     assert not fz.harness_errors, report
     assert problems == [], report
     assert leaks == {}, f"{leaks}\n{report}"
-    unknown = [k for k in fz.findings
-               if not any(known in k or known in fz.findings[k].message
-                          for known in KNOWN_VALIDATION_FINDINGS)]
-    assert unknown == [], report
-    if fz.findings:
-        pytest.xfail("known validation findings (KNOWN_VALIDATION_FINDINGS): "
-                     + "; ".join(sorted(fz.findings)))
+    assert not fz.findings, report
