@@ -8,11 +8,14 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from pycri.api import api_pb2_grpc
 from pycri.config import ImagesConfig
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import is_mounted
+from pycri.server.image_service import ImageServicer
 from pycri.store.db import Store
 from tests.lib import images
 from tests.lib.hostile import HostileRegistry
@@ -87,3 +90,18 @@ async def make_manager(tmp_path: Path) -> AsyncIterator[Maker]:
                 subprocess.run(["umount", "-l", str(rootfs)], check=False)
         await m.close()
         store.close()
+
+
+@contextlib.asynccontextmanager
+async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
+    """The ImageService for `m` over real gRPC on a unix socket."""
+    server = grpc.aio.server()
+    api_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(m), server)
+    server.add_insecure_port(f"unix://{sock}")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"unix://{sock}")
+    try:
+        yield api_pb2_grpc.ImageServiceStub(channel)
+    finally:
+        await channel.close(None)
+        await server.stop(None)

@@ -3,12 +3,11 @@ error, nothing of it is stored, and a canary on the host is untouched byte for b
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import re
 import subprocess
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,11 @@ import pytest
 
 from pycri import errors
 from pycri.api import api_pb2 as pb
-from pycri.api import api_pb2_grpc
 from pycri.image.content import ContentStore
-from pycri.image.manager import IMAGE, ImageManager, _first_error
+from pycri.image.manager import IMAGE, _first_error
 from pycri.image.unpack import unpack_layer
 from pycri.server.errors import status_code
-from pycri.server.image_service import ImageServicer
-from tests.image.conftest import Maker
+from tests.image.conftest import Maker, serve
 from tests.image.test_pull import _empty_state
 from tests.lib import hostile, images
 from tests.lib.hostile import HostileRegistry
@@ -32,21 +29,6 @@ from tests.lib.registry import Registry
 # Small bounds so that bombs are refused after a few MiB (the defaults allow 64 MiB).
 BOUNDS = {"max_layer_expansion_ratio": 100.0, "min_layer_unpacked_bytes": 4 << 20,
           "free_space_reserve": 0}
-
-
-@contextlib.asynccontextmanager
-async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
-    """The ImageService for `m` over real gRPC on a unix socket."""
-    server = grpc.aio.server()
-    api_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(m), server)
-    server.add_insecure_port(f"unix://{sock}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix://{sock}")
-    try:
-        yield api_pb2_grpc.ImageServiceStub(channel)
-    finally:
-        await channel.close(None)
-        await server.stop(None)
 
 
 @pytest.mark.parametrize("name", hostile.NAMES)

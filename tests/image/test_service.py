@@ -11,23 +11,13 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc
-from pycri.server.image_service import ImageServicer
-from tests.image.conftest import Maker
+from tests.image.conftest import Maker, serve
 
 
 @pytest.fixture
 async def stub(make_manager: Maker, tmp_path: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
-    server = grpc.aio.server()
-    api_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(make_manager()), server)
-    sock = tmp_path / "img.sock"
-    server.add_insecure_port(f"unix://{sock}")
-    await server.start()
-    channel = grpc.aio.insecure_channel(f"unix://{sock}")
-    try:
-        yield api_pb2_grpc.ImageServiceStub(channel)
-    finally:
-        await channel.close(None)
-        await server.stop(None)
+    async with serve(make_manager(), tmp_path / "img.sock") as s:
+        yield s
 
 
 def spec(ref: str) -> pb.ImageSpec:
