@@ -73,6 +73,17 @@ class Node:
         )
         return cfg
 
+    def add_runtime(self, name: str, script: str) -> Path:
+        """A runtime handler `name` whose binary is the shell `script` (usually a wrapper
+        that slows or probes runc); the daemon is restarted to load it."""
+        path = self.tmp / f"{name}-runtime"
+        path.write_text(script)
+        path.chmod(0o755)
+        with open(self.proc.config, "a") as f:
+            f.write(f'[runtimes.{name}]\npath = "{path}"\n')
+        self.restart()
+        return path
+
     def run_pod(self, name: str, **kw: object) -> tuple[str, pb.PodSandboxConfig]:
         cfg = self.pod_config(name, **kw)
         sid = self.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg)).pod_sandbox_id

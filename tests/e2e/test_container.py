@@ -514,13 +514,8 @@ def test_recursive_read_only_mounts(
 
 
 def test_crash_during_create_container_frees_the_name_at_restart(node: Node) -> None:
-    slow = node.tmp / "slow-runc"
-    slow.write_text('#!/bin/sh\ncase " $* " in *" create "*) sleep 2;; esac\n'
-                    'exec /usr/sbin/runc "$@"\n')
-    slow.chmod(0o755)
-    cfg_file = node.proc.config
-    cfg_file.write_text(cfg_file.read_text() + f'[runtimes.slow]\npath = "{slow}"\n')
-    node.restart()
+    node.add_runtime("slow", '#!/bin/sh\ncase " $* " in *" create "*) sleep 2;; esac\n'
+                             'exec /usr/sbin/runc "$@"\n')
     pod = node.pod_config("slowpod")
     sid = node.cri.runtime.RunPodSandbox(
         pb.RunPodSandboxRequest(config=pod, runtime_handler="slow")).pod_sandbox_id

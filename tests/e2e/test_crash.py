@@ -107,14 +107,9 @@ def test_start_container_cut_short_after_the_runtime_started_it_is_running(node:
     running container reported CREATED for good (found while checking what the chaos
     runs' StartContainer kills leave behind)."""
     marker = node.tmp / "started"
-    slow = node.tmp / "slow-start-runc"
-    slow.write_text('#!/bin/sh\ncase " $* " in *" start "*)\n'
-                    f'  /usr/sbin/runc "$@"; rc=$?; touch {marker}; sleep 3; exit $rc;;\n'
-                    'esac\nexec /usr/sbin/runc "$@"\n')
-    slow.chmod(0o755)
-    cfg_file = node.proc.config
-    cfg_file.write_text(cfg_file.read_text() + f'[runtimes.slowstart]\npath = "{slow}"\n')
-    node.restart()
+    node.add_runtime("slowstart", '#!/bin/sh\ncase " $* " in *" start "*)\n'
+                     f'  /usr/sbin/runc "$@"; rc=$?; touch {marker}; sleep 3; exit $rc;;\n'
+                     'esac\nexec /usr/sbin/runc "$@"\n')
     pod = node.pod_config("slowstart")
     sid = node.cri.runtime.RunPodSandbox(
         pb.RunPodSandboxRequest(config=pod, runtime_handler="slowstart")).pod_sandbox_id

@@ -55,13 +55,8 @@ def probe(node: Node) -> Path:
     """Add the `probe` runtime handler to the node (config + restart); returns its ctl dir."""
     ctl = node.tmp / "probe-ctl"
     ctl.mkdir()
-    script = node.tmp / "probe-runtime"
-    script.write_text(PROBE.format(python=sys.executable, state=str(node.proc.state),
-                                   ctl=str(ctl)))
-    script.chmod(0o755)
-    with open(node.proc.config, "a") as f:
-        f.write(f'[runtimes.probe]\npath = "{script}"\n')
-    node.restart()
+    node.add_runtime("probe", PROBE.format(python=sys.executable, state=str(node.proc.state),
+                                           ctl=str(ctl)))
     return ctl
 
 
