@@ -260,5 +260,11 @@ def pin_mount_destinations(root: str, doc: dict[str, Any]) -> None:
                 raise _refuse_link(dev["path"], walk.links[0])
             if walk.mode and not walk.covered and stat.S_ISDIR(walk.mode):
                 raise InvalidArgument(f"device path {dev['path']} is a directory in the image")
+        cwd = doc.get("process", {}).get("cwd", "/")
+        walk, fd = _walk(root_fd, cwd, frozenset(mounted))
+        if fd is not None:
+            os.close(fd)
+        if walk.mode and not walk.covered and not stat.S_ISDIR(walk.mode):
+            raise InvalidArgument(f"working directory {cwd} is a {kind(walk.mode)} in the image")
     finally:
         os.close(root_fd)

@@ -86,6 +86,13 @@ def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) ->
             "Bind it to v1 (mkdir -p /sys/fs/cgroup/hugetlb && "
             "mount -t cgroup -o hugetlb none /sys/fs/cgroup/hugetlb) or use runc"
         )
+    if action in ("create", "exec") and any(m in msg for m in _UNRUNNABLE):
+        # The command names nothing the image can run: the request is at fault.
+        return InvalidArgument(f"{runtime} {action} {cid}: the command cannot be run in "
+                               f"the container: {msg}")
+    if action == "exec" and "cannot exec in a stopped container" in msg:
+        # It exited between pycri's state check and the runtime's.
+        return FailedPrecondition(f"{runtime} exec {cid}: the container is not running")
     if action in ("create", "update") and any(m in msg for m in _CGROUP_REFUSALS):
         # The kernel refused a requested limit (a cpuset beyond the node's CPUs, memory
         # below what the container already uses): the request's values are at fault.
@@ -94,6 +101,9 @@ def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) ->
     return OCIRuntimeError(runtime, action, cid, msg)
 
 
+# runc: 'unable to start container process: exec: "x": …'; crun: 'executable file `x` …'.
+_UNRUNNABLE = ("unable to start container process: exec: ", "executable file not found",
+               "executable file `")
 _CGROUP_REFUSALS = ("error setting cgroup config", "unable to apply cgroup configuration",
                     "Setting back cgroup configs failed",
                     "unable to set memory limit")

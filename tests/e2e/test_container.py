@@ -436,10 +436,31 @@ def test_runtime_failure_names_the_step(node: Node, pod: tuple[str, pb.PodSandbo
     sid, cfg = pod
     with pytest.raises(grpc.RpcError) as e:
         node.create(sid, cfg, "nope", ["/no/such/binary"])
-    assert e.value.code() == grpc.StatusCode.UNKNOWN
+    # A command the image cannot run is the request's fault, not an unknown failure.
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "creating the container" in (e.value.details() or "")
     assert "/no/such/binary" in (e.value.details() or "")
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+
+
+def test_unrunnable_commands_and_a_file_as_working_dir_are_invalid_argument(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig]
+) -> None:
+    """Found by fuzzing: each came back UNKNOWN from the runtime."""
+    sid, cfg = pod
+    cid = node.run(sid, cfg, "target", SLEEP)
+    for argv in (["no-such-program"], ["/no/such/binary"], ["/etc/passwd"]):
+        with pytest.raises(grpc.RpcError) as e:
+            node.exec(cid, *argv)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert argv[0] in (e.value.details() or "")
+    assert node.exec(cid, "true").exit_code == 0
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, cfg, "cwd", SLEEP, working_dir="/etc/passwd")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert "working directory /etc/passwd is a regular file" in (e.value.details() or "")
+    assert [c.id for c in node.cri.runtime.ListContainers(
+        pb.ListContainersRequest()).containers] == [cid]
 
 
 def test_container_events_stream(node: Node) -> None:
