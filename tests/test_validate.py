@@ -194,6 +194,24 @@ BAD: list[tuple[str, object, str]] = [
      "would change the host's"),
     ("exec of an empty program", pb.ExecSyncRequest(container_id="ab", cmd=["", ""]),
      "cmd[0]: must name the program to run"),
+    # found by the 100,000-request fuzz run
+    ("device without a host path (the daemon's cwd was walked for nodes)",
+     ctr(devices=[pb.Device(container_path="//")]), "config.devices[0].host_path: must name"),
+    ("device at the root", ctr(devices=[pb.Device(container_path="//", host_path="/dev/null")]),
+     "config.devices[0].a device path may not be '/'"),
+    ("mount over the root", ctr(mounts=[pb.Mount(container_path="/", host_path="/tmp")]),
+     "config.mounts[0].container_path: must name a path inside the container"),
+    ("mount without a destination", ctr(mounts=[pb.Mount(host_path="/tmp")]),
+     "config.mounts[0].container_path: must name"),
+    ("log path component over NAME_MAX", ctr(log_path="9" * 256),
+     "config.log_path: has a path component longer than 255 bytes"),
+    ("log directory component over NAME_MAX", run(log_directory="/logs/" + "d" * 256),
+     "config.log_directory: has a path component longer than 255"),
+    ("cgroup parent component over NAME_MAX",
+     run(linux=pb.LinuxPodSandboxConfig(cgroup_parent="-" * 4000)),
+     "config.linux.cgroup_parent: has a path component longer than 255"),
+    ("relative read-only path", csc(readonly_paths=["9" * 10]),
+     "security_context.readonly_paths[0]: must be an absolute path"),
 ]
 
 

@@ -166,6 +166,9 @@ def resolve_device(dev: pb.Device) -> list[DeviceInfo]:
     target = dev.container_path or dev.host_path
     if not os.path.isabs(target):
         raise InvalidArgument(f"device container path {target!r} must be absolute")
+    if not os.path.isabs(dev.host_path):
+        # realpath("") is the daemon's cwd: never walk that for device nodes.
+        raise InvalidArgument(f"device host path {dev.host_path!r} must be absolute")
     perms = dev.permissions or "rwm"
     real = os.path.realpath(dev.host_path)
     if os.path.isdir(real):

@@ -90,7 +90,7 @@ def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) ->
         # The command names nothing the image can run: the request is at fault.
         return InvalidArgument(f"{runtime} {action} {cid}: the command cannot be run in "
                                f"the container: {msg}")
-    if action == "exec" and "cannot exec in a stopped container" in msg:
+    if action == "exec" and any(m in msg for m in _EXITED_DURING_EXEC):
         # It exited between pycri's state check and the runtime's.
         return FailedPrecondition(f"{runtime} exec {cid}: the container is not running")
     if action in ("create", "update") and any(m in msg for m in _CGROUP_REFUSALS):
@@ -102,6 +102,8 @@ def runtime_failure(runtime: str, action: str, cid: str, stderr: bytes | str) ->
 
 
 # runc: 'unable to start container process: exec: "x": …'; crun: 'executable file `x` …'.
+# The container went away between pycri's state check and the runtime joining it.
+_EXITED_DURING_EXEC = ("cannot exec in a stopped container", "error executing setns process")
 _UNRUNNABLE = ("unable to start container process: exec: ", "executable file not found",
                "executable file `")
 _CGROUP_REFUSALS = ("error setting cgroup config", "unable to apply cgroup configuration",

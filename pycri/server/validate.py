@@ -42,6 +42,7 @@ MAX_ITEMS = 10_000
 MAX_MAP_BYTES = 512 * 1024
 SIZED_MAPS = ("labels", "annotations")
 MIN_MEMORY = 12 * 1024 * 1024
+NAME_MAX = 255  # bytes in one path component (the kernel's limit)
 UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
 
 Problem = str | None  # what is wrong with a value, or None when it is fine
@@ -94,18 +95,30 @@ def _normalised(value: str) -> bool:
     return os.path.normpath(value) == value and not value.startswith("//")
 
 
+def _long_component(value: str) -> Problem:
+    if any(len(part.encode()) > NAME_MAX for part in value.split("/")):
+        return f"has a path component longer than {NAME_MAX} bytes"
+    return None
+
+
 def _absolute_path(value: str) -> Problem:
     if value and not value.startswith("/"):
         return "must be an absolute path"
     if ".." in value.split("/"):
         return "may not contain '..'"
-    return None
+    return _long_component(value)
 
 
 def _log_directory(value: str) -> Problem:
     if value and not (value.startswith("/") and _normalised(value)):
         return "must be an absolute, normalised path (no '.', '..', '//' or trailing '/')"
-    return None
+    return _long_component(value)
+
+
+def _cgroup_parent(value: str) -> Problem:
+    if ".." in value.split("/"):
+        return "may not contain '..'"
+    return _long_component(value)
 
 
 def _log_path(value: str) -> Problem:
@@ -116,7 +129,7 @@ def _log_path(value: str) -> Problem:
         return "must be relative to the pod's log_directory"
     if not _normalised(value) or value.split("/")[0] in (".", ".."):
         return "must stay inside the pod's log_directory (normalised, no '.' or '..')"
-    return None
+    return _long_component(value)
 
 
 def _sysctl(value: str) -> Problem:
@@ -171,7 +184,9 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("Device", "container_path"): PATH,
     ("Device", "host_path"): PATH,
     ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
-    ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096),
+    ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096, check=_cgroup_parent),
+    ("LinuxContainerSecurityContext", "readonly_paths"): PATH,
+    ("LinuxContainerSecurityContext", "masked_paths"): PATH,
     ("LinuxContainerResources", "cpuset_cpus"): Kind(max_len=4096, check=_cpuset),
     ("LinuxContainerResources", "cpuset_mems"): Kind(max_len=4096, check=_cpuset),
     ("HugepageLimit", "page_size"): Kind(max_len=16, check=_page_size),
@@ -246,6 +261,24 @@ def _port_mapping(pm: Any) -> Problem:
     return None
 
 
+def _root(path: str) -> bool:
+    return bool(path) and os.path.normpath(path).lstrip("/") == ""
+
+
+def _mount(m: Any) -> Problem:
+    if not m.container_path or _root(m.container_path):
+        return "container_path: must name a path inside the container, not its root"
+    return None
+
+
+def _device(d: Any) -> Problem:
+    if not d.host_path:
+        return "host_path: must name the host's device (or a directory of devices)"
+    if _root(d.host_path) or _root(d.container_path):
+        return "a device path may not be '/'"
+    return None
+
+
 def _resources(r: Any) -> Problem:
     swap, memory = r.memory_swap_limit_in_bytes, r.memory_limit_in_bytes
     if swap > 0 and not memory:
@@ -283,6 +316,8 @@ def _pod_sysctls(linux: Any) -> Problem:
 # Message -> a check across its fields (after each field passed its own checks).
 MESSAGE_RULES: dict[str, Check] = {
     "PortMapping": _port_mapping,
+    "Mount": _mount,
+    "Device": _device,
     "LinuxContainerResources": _resources,
     "LinuxPodSandboxConfig": _pod_sysctls,
 }
