@@ -139,6 +139,10 @@ def test_device_info_errors(tmp_path: Path) -> None:
         device_info(str(tmp_path / "missing"))
     with pytest.raises(InvalidArgument, match="permissions"):
         device_info("/dev/null", permissions="rwx")
+    # Found by fuzzing: a FIFO became device type "p", which runc refused (UNKNOWN).
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(InvalidArgument, match="not a device"):
+        device_info(str(tmp_path / "fifo"))
 
 
 @root_only
