@@ -61,7 +61,15 @@ async def communicate(
     try:
         return await asyncio.wait_for(proc.communicate(stdin), timeout)
     except BaseException:
-        kill_group(proc.pid)  # also when the leader is gone but a child holds a pipe
-        await asyncio.shield(proc.wait())
-        reap_orphans_of(proc.pid)
+        await kill_and_reap(proc)
         raise
+
+
+async def kill_and_reap(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL `proc` with its process group (also when the leader is gone but a child
+    holds a pipe), wait for it, and reap what the group leaves us."""
+    kill_group(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()  # in case it is not its group's leader
+    await asyncio.shield(proc.wait())
+    reap_orphans_of(proc.pid)

@@ -658,18 +658,8 @@ class ContainerManager:
         await asyncio.to_thread(self._sweep_staging)
         if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
             log.info("cleared %d exec session(s) a crash left behind", n)
-        for cid, rec in self.store.items(KIND):
-            try:
-                c = Container.from_record(cid, rec)
-                sb = self.sandboxes.sandboxes.get(c.sandbox_id)
-                if sb is not None:
-                    self.names.reserve(c.name_key(sb.config), cid)
-            except Exception as e:  # one bad row must not keep the node down
-                log.error("container record %s is unusable (%s: %s); set aside",
-                          cid, type(e).__name__, e)
-                self.store.set_aside(KIND, cid)
-                continue
-            self.containers[cid] = c
+        for c in self.store.load(KIND, self._load):
+            self.containers[c.id] = c
         # A CreateContainer cut short by a crash: its ID never reached a client, and nobody
         # else would ever remove it (or free its name).
         for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
@@ -683,6 +673,13 @@ class ContainerManager:
         for c, failure in zip(found, checks, strict=True):
             if isinstance(failure, Exception):
                 log.error("container %s: state not rechecked at start: %s", c.id, failure)
+
+    def _load(self, cid: str, rec: dict[str, Any]) -> Container:
+        c = Container.from_record(cid, rec)
+        sb = self.sandboxes.sandboxes.get(c.sandbox_id)
+        if sb is not None:
+            self.names.reserve(c.name_key(sb.config), cid)
+        return c
 
     async def _recheck(self, c: Container) -> None:
         if c.state not in RUNNING_STATES:

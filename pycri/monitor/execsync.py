@@ -218,11 +218,7 @@ async def _finish(proc: asyncio.subprocess.Process, pid_file: Path, *, kill: boo
             await asyncio.wait_for(asyncio.shield(proc.wait()), 0.05 if kill else _REAP_TIMEOUT)
     if proc.returncode is None:
         # A runtime hung in `exec` is in conmon's session: take the whole group.
-        procs.kill_group(proc.pid)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        await proc.wait()
-        procs.reap_orphans_of(proc.pid)
+        await procs.kill_and_reap(proc)
 
 
 async def _uncancellable(coro: Coroutine[Any, Any, None]) -> None:

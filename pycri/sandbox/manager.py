@@ -443,16 +443,8 @@ class SandboxManager:
 
     async def recover(self) -> None:
         """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""
-        for sid, rec in self.store.items(KIND):
-            try:
-                sb = Sandbox.from_record(sid, rec)
-                self.names.reserve(sb.name, sid)
-            except Exception as e:  # one bad row must not keep the node down
-                log.error("pod sandbox record %s is unusable (%s: %s); set aside",
-                          sid, type(e).__name__, e)
-                self.store.set_aside(KIND, sid)
-                continue
-            self.sandboxes[sid] = sb
+        for sb in self.store.load(KIND, self._load):
+            self.sandboxes[sb.id] = sb
         ready = [sb for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY]
         checks = await asyncio.gather(*(self._recheck(sb) for sb in ready),
                                       return_exceptions=True)
@@ -460,6 +452,11 @@ class SandboxManager:
             if isinstance(failure, Exception):
                 log.error("pod %s: state not rechecked at start: %s", sb.id, failure)
         await self._release_orphan_leases()
+
+    def _load(self, sid: str, rec: dict[str, Any]) -> Sandbox:
+        sb = Sandbox.from_record(sid, rec)
+        self.names.reserve(sb.name, sid)
+        return sb
 
     async def _release_orphan_leases(self) -> None:
         """CNI state with no sandbox behind it (a crash mid-run, a DEL that failed while

@@ -14,11 +14,12 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 Record = dict[str, Any]
+T = TypeVar("T")
 SET_ASIDE = "set-aside:"  # kind prefix of records their owner could not load
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,19 @@ class Store:
     def items(self, kind: str) -> Iterator[tuple[str, Record]]:
         """A snapshot of one kind's records, safe against concurrent writes."""
         return iter(list(self._index.get(kind, {}).items()))
+
+    def load(self, kind: str, build: Callable[[str, Record], T]) -> list[T]:
+        """One kind's records as `build` makes them at start; a record it cannot make
+        is logged and set aside, so one bad row never keeps the node down."""
+        out = []
+        for rid, rec in self.items(kind):
+            try:
+                out.append(build(rid, rec))
+            except Exception as e:
+                log.error("%s record %s is unusable (%s: %s); set aside",
+                          kind, rid, type(e).__name__, e)
+                self.set_aside(kind, rid)
+        return out
 
     def close(self) -> None:
         with self._lock:
