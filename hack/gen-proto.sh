@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# Regenerate the Python stubs of the CRI contract (proto/runtime/v1/api.proto)
-# into pycri/api/. tests/test_proto.py fails when the committed stubs are stale.
+# Regenerate the Python stubs of the wire contracts pycri speaks:
+#   the CRI (proto/runtime/v1/api.proto) into pycri/api/, gRPC services included;
+#   NRI (proto/nri/api.proto, containerd/nri pkg/api) into pycri/nri/api/, messages
+#   only, since NRI runs over ttrpc (pycri/nri/ttrpc.py), not gRPC.
+# tests/test_proto.py fails when the committed stubs are stale.
+# Usage: hack/gen-proto.sh [CRI_OUT [NRI_OUT]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 out=${1:-pycri/api}
+nri_out=${2:-pycri/nri/api}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$PY" -m grpc_tools.protoc -I proto --python_out="$tmp" --pyi_out="$tmp" \
@@ -14,3 +19,6 @@ sed -i 's/^from runtime\.v1 import api_pb2 as /from pycri.api import api_pb2 as 
     "$tmp/runtime/v1/api_pb2_grpc.py"
 mkdir -p "$out"
 cp "$tmp"/runtime/v1/api_pb2.py "$tmp"/runtime/v1/api_pb2.pyi "$tmp"/runtime/v1/api_pb2_grpc.py "$out"/
+"$PY" -m grpc_tools.protoc -I proto --python_out="$tmp" --pyi_out="$tmp" proto/nri/api.proto
+mkdir -p "$nri_out"
+cp "$tmp"/nri/api_pb2.py "$tmp"/nri/api_pb2.pyi "$nri_out"/

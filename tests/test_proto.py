@@ -14,15 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 
 def test_stubs_are_current(tmp_path: Path) -> None:
     subprocess.run(
-        ["bash", str(REPO / "hack/gen-proto.sh"), str(tmp_path)],
+        ["bash", str(REPO / "hack/gen-proto.sh"), str(tmp_path / "cri"), str(tmp_path / "nri")],
         check=True,
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
         cwd=REPO,
     )
-    for name in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py"):
-        fresh = (tmp_path / name).read_text()
-        committed = (REPO / "pycri/api" / name).read_text()
-        assert fresh == committed, f"pycri/api/{name} is stale: run hack/gen-proto.sh"
+    stubs = [("cri", "pycri/api", n) for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    stubs += [("nri", "pycri/nri/api", n) for n in ("api_pb2.py", "api_pb2.pyi")]
+    for fresh_dir, committed_dir, name in stubs:
+        fresh = (tmp_path / fresh_dir / name).read_text()
+        committed = (REPO / committed_dir / name).read_text()
+        assert fresh == committed, f"{committed_dir}/{name} is stale: run hack/gen-proto.sh"
 
 
 def test_package_and_services() -> None:
@@ -48,3 +50,15 @@ def test_field_numbers_that_the_kubelet_depends_on() -> None:
     assert pb.ContainerState.Value("CONTAINER_EXITED") == 2
     assert pb.NamespaceMode.Value("TARGET") == 3
     assert pb.MountPropagation.Value("PROPAGATION_BIDIRECTIONAL") == 2
+
+
+def test_nri_package_and_services() -> None:
+    # containerd/nri pkg/api: the service and method names plugins dial by.
+    from pycri.nri.api import api_pb2 as nri
+
+    assert nri.DESCRIPTOR.package == "nri.pkg.api.v1alpha1"
+    services = nri.DESCRIPTOR.services_by_name
+    assert {"Runtime", "Plugin"} <= set(services)
+    assert "RegisterPlugin" in services["Runtime"].methods_by_name
+    assert "Synchronize" in services["Plugin"].methods_by_name
+    assert nri.Event.Value("CREATE_CONTAINER") == 4
