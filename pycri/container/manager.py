@@ -41,7 +41,7 @@ from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
-from pycri.oci import mounts, seccomp, spec
+from pycri.oci import mounts, seccomp, selinux, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
@@ -379,7 +379,10 @@ class ContainerManager:
             devices=devices,
             host_devices=mounts.host_devices() if sc.privileged else (),
             mount_sources=sources,
+            selinux_enabled=self.sandboxes.selinux,
         )
+        if not self.sandboxes.selinux:
+            selinux.ignored(f"container {c.id}", selinux.container_fields(config))
         return spec.container_spec(config, sb.config, image, ctx)
 
     def _pid_ns(self, c: Container, sb: Sandbox) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
 from pycri.oci import seccomp as seccomp_mod
+from pycri.oci import selinux
 from pycri.oci.users import ResolvedUser
 
 OCI_VERSION = "1.0.2"
@@ -233,6 +234,7 @@ class ContainerContext:
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
     rlimits: Sequence[Rlimit] = ()
+    selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,7 @@ class SandboxContext:
     available_capabilities: Sequence[str] = ALL_CAPABILITIES
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
+    selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
 
 
 # ---------------------------------------------------------------- small rules
@@ -706,6 +709,23 @@ def _user(u: ResolvedUser) -> dict[str, Any]:
     return out
 
 
+def _selinux_labels(
+    process: dict[str, Any], linux: dict[str, Any], options: pb.SELinuxOption
+) -> None:
+    """process.selinuxLabel and linux.mountLabel from the request's SELinux options."""
+    process["selinuxLabel"] = selinux.process_label(options)
+    linux["mountLabel"] = selinux.mount_label(options)
+
+
+def _relabel(entries: list[dict[str, Any]], mounts: Sequence[pb.Mount]) -> None:
+    """`z` (shared relabel) on the binds whose CRI mount asks for it; an image volume is
+    a read-only view that cannot be relabelled. `entries` are cri_mounts' output, one per
+    CRI mount in the same order."""
+    for entry, m in zip(entries, mounts, strict=True):
+        if m.selinux_relabel and not m.image.image:
+            entry["options"].append("z")
+
+
 # ---------------------------------------------------------------- the specs
 
 
@@ -748,6 +768,8 @@ def container_spec(
         process["apparmorProfile"] = aa
 
     user_mounts, rootfs_propagation = cri_mounts(config.mounts, ctx.mount_sources)
+    if ctx.selinux_enabled:
+        _relabel(user_mounts, config.mounts)
     defaults = _base_mounts(privileged, ctx.shm_path) + _pod_file_mounts(ctx, sc.readonly_rootfs)
 
     devices = list(ctx.devices)
@@ -768,6 +790,12 @@ def container_spec(
     }
     if rootfs_propagation:
         linux["rootfsPropagation"] = rootfs_propagation
+    if ctx.selinux_enabled:  # the container's own options, else the pod's
+        pod_sc = sandbox.linux.security_context
+        if sc.HasField("selinux_options"):
+            _selinux_labels(process, linux, sc.selinux_options)
+        elif pod_sc.HasField("selinux_options"):
+            _selinux_labels(process, linux, pod_sc.selinux_options)
     if not privileged:
         linux["maskedPaths"] = list(sc.masked_paths or DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(sc.readonly_paths or DEFAULT_READONLY_PATHS)
@@ -862,6 +890,8 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
         "resources": {"devices": [{"allow": privileged, "access": "rwm"}]},
         "sysctl": dict(config.linux.sysctls),
     }
+    if ctx.selinux_enabled and sc.HasField("selinux_options"):
+        _selinux_labels(process, linux, sc.selinux_options)
     if not privileged:
         linux["maskedPaths"] = list(DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(DEFAULT_READONLY_PATHS)

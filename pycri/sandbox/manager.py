@@ -41,7 +41,7 @@ from pycri.network import (
 )
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
-from pycri.oci import seccomp, spec
+from pycri.oci import seccomp, selinux, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
 from pycri.sandbox import podfiles
@@ -129,6 +129,7 @@ class SandboxManager:
         self.state_root = Path(cfg.state) / "sandboxes"
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
         self.capabilities = own_capabilities()
+        self.selinux = selinux.enabled()
 
     # -- lookup ------------------------------------------------------------------
 
@@ -299,7 +300,10 @@ class SandboxManager:
             cgroup_driver=self.cfg.cgroup_driver,
             min_oom_score_adj=self.min_oom_score_adj,
             available_capabilities=self.capabilities,
+            selinux_enabled=self.selinux,
         )
+        if not self.selinux:
+            selinux.ignored(f"pod sandbox {sb.id}", selinux.sandbox_fields(config))
         doc = spec.sandbox_spec(config, ctx)
         if image is not None:  # a pause image is as untrusted as any other image
             pin_mount_destinations(str(rootfs), doc)
