@@ -121,6 +121,16 @@ _PROPAGATION = {
 }
 
 ANNOTATION_PREFIX = "io.kubernetes.cri."
+# The pod-level resources a VM-based handler sizes its sandbox by (containerd's names and
+# meaning: LinuxPodSandboxConfig.resources, the sum of the containers' limits).
+SANDBOX_RESOURCE_ANNOTATIONS = {
+    ANNOTATION_PREFIX + "sandbox-cpu-period": "cpu_period",
+    ANNOTATION_PREFIX + "sandbox-cpu-quota": "cpu_quota",
+    ANNOTATION_PREFIX + "sandbox-cpu-shares": "cpu_shares",
+    ANNOTATION_PREFIX + "sandbox-memory": "memory_limit_in_bytes",
+}
+CFS_PERIOD = 100_000  # µs, the kernel's default (and the kubelet's) CFS period
+MAX_CPU_SHARES = 262_144
 
 
 @dataclass(frozen=True)
@@ -388,6 +398,25 @@ def cgroups_path(parent: str, driver: str, object_id: str) -> str:
             )
         return f"{slice_}:pycri:{object_id}"
     raise InvalidArgument(f"unknown cgroup driver {driver!r}")
+
+
+def pod_limits(linux: pb.LinuxPodSandboxConfig) -> dict[str, Any]:
+    """OCI-style cpu/memory limits of a pod cgroup pycri creates itself: the pod-level
+    `resources` plus the handler's `overhead`, as the kubelet sizes the pod cgroups it
+    owns. A limit the pod does not set stays unset: overhead alone bounds nothing.
+    """
+    res, ovh = linux.resources, linux.overhead
+    cpu: dict[str, Any] = {}
+    if res.cpu_shares > 0:
+        cpu["shares"] = min(MAX_CPU_SHARES, res.cpu_shares + max(0, ovh.cpu_shares))
+    if res.cpu_quota > 0:
+        period = res.cpu_period or CFS_PERIOD
+        extra = ovh.cpu_quota * period // (ovh.cpu_period or CFS_PERIOD) if ovh.cpu_quota > 0 else 0
+        cpu["quota"], cpu["period"] = res.cpu_quota + extra, period
+    out: dict[str, Any] = {"cpu": cpu} if cpu else {}
+    if res.memory_limit_in_bytes > 0:
+        out["memory"] = {"limit": res.memory_limit_in_bytes + max(0, ovh.memory_limit_in_bytes)}
+    return out
 
 
 def resources_to_oci(res: pb.LinuxContainerResources) -> dict[str, Any]:
@@ -909,6 +938,10 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
             ANNOTATION_PREFIX + "sandbox-log-directory": config.log_directory,
         }
     )
+    if config.linux.HasField("resources"):
+        res = config.linux.resources
+        for key, name in SANDBOX_RESOURCE_ANNOTATIONS.items():
+            annotations[key] = str(getattr(res, name))
     spec: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": process,
