@@ -244,7 +244,7 @@ class ContainerManager:
             spec.check_recursive_read_only(m)
             host = mounts.validate_host_path(m.host_path)
             target = self.rro_dir(c.id) / str(i)
-            mounts.stage_recursive_readonly(host.path, target)
+            mounts.stage_recursive_readonly(host.path, target, m.mount_options)
             sources[spec.rro_key(i)] = str(target)
         return sources
 
