@@ -73,6 +73,11 @@ def test_pod_cgroup_pycri_makes_holds_resources_plus_overhead(node: Node) -> Non
     assert linux["cgroupsPath"] == f"/pycri/pod-{sid}/pycri-{sid}"
     cid = node.run(sid, cfg, "app", SLEEP)
     assert (mem / f"pycri-{cid}" / "memory.limit_in_bytes").is_file()
+    # the pod's stats take its limit from this cgroup: available = limit - working set
+    stats = node.cri.runtime.PodSandboxStats(
+        pb.PodSandboxStatsRequest(pod_sandbox_id=sid)).stats.linux.memory
+    assert stats.HasField("available_bytes")
+    assert stats.available_bytes.value + stats.working_set_bytes.value == 104 << 20
     node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
     node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
     assert pod_dirs(sid) == []
