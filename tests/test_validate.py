@@ -207,6 +207,11 @@ BAD: list[tuple[str, object, str]] = [
      "config.devices[0].a device path may not be '/'"),
     ("mount over the root", ctr(mounts=[pb.Mount(container_path="/", host_path="/tmp")]),
      "config.mounts[0].container_path: must name a path inside the container"),
+    ("bind inside the container's procfs (found by fuzzing: runc's opaque refusal)",
+     ctr(mounts=[pb.Mount(container_path="/proc/self/root", host_path="/tmp")]),
+     "config.mounts[0].container_path: /proc is the container's own procfs"),
+    ("bind over /proc", ctr(mounts=[pb.Mount(container_path="/proc", host_path="/tmp")]),
+     "config.mounts[0].container_path: /proc is the container's own procfs"),
     ("mount without a destination", ctr(mounts=[pb.Mount(host_path="/tmp")]),
      "config.mounts[0].container_path: must name"),
     ("log path component over NAME_MAX", ctr(log_path="9" * 256),
@@ -305,6 +310,10 @@ GOOD: list[tuple[str, object]] = [
     ("stop with the default timeout", pb.StopContainerRequest(container_id="ab", timeout=0)),
     ("remove of an unknown id", pb.RemoveContainerRequest(container_id="0" * 64)),
     ("version", pb.VersionRequest(version="0.1.0")),
+    ("lxcfs-style bind over a procfs file", ctr(mounts=[
+        pb.Mount(container_path="/proc/meminfo", host_path="/var/lib/lxcfs/proc/meminfo")])),
+    ("a directory named like procfs elsewhere", ctr(mounts=[
+        pb.Mount(container_path="/procedures", host_path="/tmp")])),
     ("port forward", pb.PortForwardRequest(pod_sandbox_id="ab", port=[8080])),
     ("pull with credentials", pb.PullImageRequest(
         image=pb.ImageSpec(image="127.0.0.1:5000/a/b:c@sha256:" + "0" * 64),

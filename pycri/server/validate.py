@@ -278,9 +278,23 @@ def _root(path: str) -> bool:
     return bool(path) and os.path.normpath(path).lstrip("/") == ""
 
 
+# The files a bind may cover inside the container's own procfs (the lxcfs set, which
+# runc and crun also accept); a bind anywhere else under /proc is refused by the OCI
+# runtime at start, after the container was made, as an opaque error.
+PROC_BIND_FILES = frozenset(
+    f"/proc/{name}"
+    for name in ("cpuinfo", "diskstats", "meminfo", "stat", "swaps", "uptime", "loadavg",
+                 "slabinfo", "net/dev")
+)
+
+
 def _mount(m: Any) -> Problem:
     if not m.container_path or _root(m.container_path):
         return "container_path: must name a path inside the container, not its root"
+    path = os.path.normpath(m.container_path)
+    if (path == "/proc" or path.startswith("/proc/")) and path not in PROC_BIND_FILES:
+        return ("container_path: /proc is the container's own procfs; a bind may cover only "
+                + ", ".join(sorted(PROC_BIND_FILES)))
     return None
 
 
