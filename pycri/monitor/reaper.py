@@ -119,6 +119,18 @@ def install_child_watcher() -> ChildWatcher:
     return _watcher
 
 
+def _in_own_group(pid: int) -> bool:
+    """Whether `pid` is in the daemon's process group. The helpers that leave processes
+    behind (runtimes, plugins, conmon) run in sessions of their own, so a zombie in
+    pycri's group was forked some other way, perhaps by a blocking `subprocess` call
+    in a worker thread about to wait for it: it gets one sweep interval for its owner
+    before it is swept."""
+    try:
+        return os.getpgid(pid) == os.getpgrp()
+    except ProcessLookupError:
+        return False
+
+
 class Reaper:
     """Reaps what is re-parented to the daemon: watched pids at once, the rest by sweep.
     One per process (two sweeps would take each other's watched children)."""
@@ -242,6 +254,9 @@ class Reaper:
             first = self._seen.setdefault(pid, sweep)
             if self._holds and first >= min(self._holds):
                 blocked = pid  # may be the held process: wait for the hold to end
+                break
+            if first == sweep and _in_own_group(pid):
+                blocked = pid  # forked without a session of its own: see _in_own_group
                 break
             del self._seen[pid]
             with contextlib.suppress(ChildProcessError):

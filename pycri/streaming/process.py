@@ -76,7 +76,7 @@ async def _start(
         async with procs.slot():
             child = await asyncio.create_subprocess_exec(
                 *_argv(runtime, cid, work, tty), stdin=stdio[0], stdout=stdio[1],
-                stderr=stdio[2],
+                stderr=stdio[2], start_new_session=True,  # what it leaves is not in ours
             )  # fmt: skip
             try:
                 rc = await asyncio.wait_for(child.wait(), START_TIMEOUT)

@@ -40,4 +40,9 @@ def test_pidfd_for_a_pid_that_already_exited() -> None:
 
 
 def test_hold_keeps_new_zombies_for_their_watcher_only() -> None:
-    assert run("hold") == {"before_reaped": True, "during_kept": True, "during_reaped": True}
+    assert run("hold") == {"a_kept": True, "a_reaped_in_later_hold": True, "b_kept": True,
+                           "b_reaped": True}  # fmt: skip
+
+
+def test_blocking_subprocess_calls_in_threads_keep_their_status() -> None:
+    assert run("threaded") == {"wrong": [], "zombies": []}
