@@ -23,6 +23,7 @@ import pytest
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
 from tests.e2e.test_daemon import children
+from tests.e2e.test_sandbox import chain_test_plugin
 
 pytestmark = pytest.mark.e2e
 
@@ -81,14 +82,16 @@ class Orphans:
 class Readers:
     """Clients asking for node, pod and container state the whole time."""
 
-    def __init__(self, node: Node, sid: str, cids: list[str]) -> None:
+    def __init__(self, node: Node, sids: list[str], cids: list[str]) -> None:
+        rt = node.cri.runtime
         self.calls: list[Callable[[], object]] = [
-            lambda: node.cri.runtime.Version(pb.VersionRequest(), timeout=30),
-            lambda: node.cri.runtime.Status(pb.StatusRequest(), timeout=30),
-            lambda: node.cri.runtime.ListContainers(pb.ListContainersRequest(), timeout=30),
-            lambda: node.cri.runtime.PodSandboxStatus(
-                pb.PodSandboxStatusRequest(pod_sandbox_id=sid), timeout=30),
-            *(lambda c=c: node.cri.runtime.ContainerStatus(  # type: ignore[misc]
+            lambda: rt.Version(pb.VersionRequest(), timeout=30),
+            lambda: rt.Status(pb.StatusRequest(), timeout=30),
+            lambda: rt.ListContainers(pb.ListContainersRequest(), timeout=30),
+            lambda: rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=30),
+            *(lambda s=s: rt.PodSandboxStatus(  # type: ignore[misc]
+                pb.PodSandboxStatusRequest(pod_sandbox_id=s), timeout=30) for s in sids),
+            *(lambda c=c: rt.ContainerStatus(  # type: ignore[misc]
                 pb.ContainerStatusRequest(container_id=c), timeout=30) for c in cids),
         ]
         self.answered = 0
@@ -134,7 +137,7 @@ def test_flood_of_child_exits_while_serving(node: Node) -> None:
         with ThreadPoolExecutor(8) as pool:
             cids = list(pool.map(lambda i: node.create(sid, cfg, f"c{i}", ["sleep", "1000"]),
                                  range(CONTAINERS)))  # fmt: skip
-            readers = Readers(node, sid, cids)
+            readers = Readers(node, [sid], cids)
             # Hundreds of runtime calls at once, each leaving orphans.
             list(pool.map(lambda c: rt.StartContainer(
                 pb.StartContainerRequest(container_id=c), timeout=120), cids))
@@ -176,3 +179,43 @@ def test_flood_of_child_exits_while_serving(node: Node) -> None:
     assert not int(caught.split()[1], 16) & (1 << (signal.SIGCHLD - 1)), caught
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
     rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+
+
+# A chained CNI plugin that passes the result on and leaves orphans behind.
+_ORPHAN_PLUGIN = """#!/usr/bin/env python3
+import json, subprocess, sys
+conf = json.load(sys.stdin)
+for i in range({orphans}):
+    subprocess.Popen(["sleep", "0.%d" % (i % 4)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(json.dumps(conf.get("prevResult") or {{"cniVersion": conf["cniVersion"]}}))
+"""
+
+
+def test_orphans_of_cni_plugins_are_reaped(node: Node) -> None:
+    """Processes a CNI plugin leaves running are re-parented to the daemon, which
+    never started them; they are reaped all the same while pods come and go."""
+    chain_test_plugin(node, "orphans", _ORPHAN_PLUGIN.format(orphans=20))
+    assert node.proc.proc is not None
+    daemon = node.proc.proc.pid
+    rt = node.cri.runtime
+    orphans = Orphans(daemon)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            sids = [sid for sid, _ in pool.map(lambda i: node.run_pod(f"net{i}"), range(10))]
+            readers = Readers(node, sids, [])
+            try:
+                list(pool.map(lambda s: rt.StopPodSandbox(
+                    pb.StopPodSandboxRequest(pod_sandbox_id=s), timeout=120), sids))
+            finally:
+                readers.close()
+            list(pool.map(lambda s: rt.RemovePodSandbox(
+                pb.RemovePodSandboxRequest(pod_sandbox_id=s), timeout=120), sids))
+    finally:
+        orphans.close()
+    assert readers.errors == [] and readers.answered > 0
+    assert len(orphans.seen) >= 100, len(orphans.seen)  # ADD and DEL: 400 in all
+    deadline = time.monotonic() + 15
+    while left := children(daemon):  # every pod is gone: no conmon either
+        assert time.monotonic() < deadline, left
+        time.sleep(0.1)
