@@ -15,10 +15,12 @@ inside `fork` (issue 16). So no signal is used at all:
   reaping it, and it is reaped only if no pidfd above watches it. On the loop, so
   it never falls between asyncio's fork and its `add_child_handler`; never for a
   child someone watches, so no exit status is stolen. A process re-parented to
-  pycri before its watcher knows its pid is protected by `Reaper.expecting()`.
+  pycri before its watcher knows its pid is protected by `Reaper.expecting()`, and
+  a zombie in pycri's own process group gets one interval for its owner.
 
-Every child the daemon has must therefore come from asyncio (or be watched here):
-a blocking `subprocess` call in a thread would have its status taken by the sweep.
+So every child the daemon starts should come from asyncio (`pycri.procs.run`) or be
+watched here; a blocking `subprocess` call in a worker thread keeps its status only
+by that grace (and not at all with `start_new_session`).
 """
 
 from __future__ import annotations
