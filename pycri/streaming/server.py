@@ -300,7 +300,7 @@ class StreamingServer:
         pf = isinstance(req, PortForwardRequest)
         negotiated: tuple[str, WSConnection | None] | None
         if request.upgrade() == "websocket":
-            negotiated = await self._negotiate_websocket(request, writer, pf)
+            negotiated = await self._negotiate_websocket(request, writer, req)
         elif request.upgrade() == "spdy/3.1":
             negotiated = await self._negotiate_spdy(request, writer, pf)
         else:
@@ -342,7 +342,8 @@ class StreamingServer:
         return version, None
 
     async def _negotiate_websocket(self, request: http.Request, writer: asyncio.StreamWriter,
-                                   pf: bool) -> tuple[str, WSConnection | None] | None:  # fmt: skip
+                                   req: Request
+                                   ) -> tuple[str, WSConnection | None] | None:  # fmt: skip
         """wsproto checks the handshake (GET, key, version 13); the first sub-protocol
         the client offers that this endpoint speaks wins, as in kubelet."""
         ws = websocket.server()
@@ -352,6 +353,7 @@ class StreamingServer:
         except (RemoteProtocolError, StopIteration) as e:
             await self._reply(writer, 400, "Bad Request", f"bad WebSocket handshake: {e}")
             return None
+        pf = isinstance(req, PortForwardRequest)
         supported = portforward.WEBSOCKET_PROTOCOLS if pf else list(
             remotecommand.WEBSOCKET_PROTOCOLS)
         version = http.negotiate(offered, supported)
@@ -359,6 +361,13 @@ class StreamingServer:
             await self._reply(writer, 403, "Forbidden", "no common WebSocket sub-protocol; "
                               f"this endpoint speaks {', '.join(p for p in supported if p)}")
             return None
+        if (isinstance(req, PortForwardRequest) and version in portforward.WEBSOCKET_CHANNELS
+                and not req.ports):  # fmt: skip
+            await self._reply(writer, 400, "Bad Request", "port-forward over WebSocket "
+                              "channels forwards the ports of the PortForward request, "
+                              "and it named none")  # fmt: skip
+            return None
+        log.debug("streaming %s over WebSocket (%s)", type(req).__name__, version or "none")
         return version, ws
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,

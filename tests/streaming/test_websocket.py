@@ -3,6 +3,7 @@ CNI), driven by the wsproto client in tests/streaming/wsclient.py."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import time
 
@@ -96,6 +97,10 @@ def test_websocket_refusals_and_bounds(node: Node) -> None:
     pf = node.cri.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid)).url
     with pytest.raises(wsclient.Refused, match="403"):
         wsclient.connect(pf, ["v5.channel.k8s.io"])
+    # The channel framing forwards the request's ports: a request naming none is refused.
+    pf = node.cri.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid)).url
+    with pytest.raises(wsclient.Refused, match=r"400.*named none"):
+        wsclient.connect(pf, ["v4.channel.k8s.io"])
 
     # A message over the frame bound closes the session with 1009 and the reason, and
     # the command's stdin ends with it (cat exits: nothing is left running).
@@ -169,3 +174,18 @@ def test_port_forward_over_websocket(node: Node, protocol: str) -> None:
         client.close()
     error = b"".join(p for ch, p in got if ch == 1)
     assert b"refused" in error.lower(), got
+
+
+def test_port_forward_spdy_tunnel(node: Node) -> None:
+    """client-go's WebSocket port-forward: SPDY in binary messages, ports per stream."""
+    sid, cfg = node.run_pod("ws-tunnel")
+    node.run(sid, cfg, "nc", ["nc", "-l", "-p", "9000", "-e", "sh", "-c",
+                              'read line; echo "tunnel got $line"'])  # fmt: skip
+    deadline = time.monotonic() + 15
+    while True:
+        url = node.cri.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid)).url
+        reply, error = asyncio.run(wsclient.tunnel_forward_once(url, 9000, b"over spdy\n"))
+        if reply or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert (reply, error) == (b"tunnel got over spdy\n", b"")

@@ -4,6 +4,7 @@ send what no honest client does (an oversized message)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import socket
@@ -24,7 +25,12 @@ from wsproto.events import (
     TextMessage,
 )
 
+from pycri.streaming import websocket
+from pycri.streaming.session import Session
+from tests.streaming import client as spdy_client
+
 STDIN, STDOUT, STDERR, ERROR, RESIZE = range(5)
+TUNNEL = "SPDY/3.1+portforward.k8s.io"
 
 
 class Refused(Exception):
@@ -166,3 +172,28 @@ def run(url: str, *, protocols: tuple[str, ...] = ("v5.channel.k8s.io",),
                        client.protocol, client.closed, got[0][0] if got else -1)  # fmt: skip
     finally:
         client.close()
+
+
+async def tunnel_forward_once(url: str, port: int, payload: bytes) -> tuple[bytes, bytes]:
+    """client-go's port-forward over WebSocket: a SPDY session inside binary messages
+    (the framing and tunnel are pycri's own, run as the client; crictl tests it for real)."""
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    writer.write(ws.send(Request(host=parts.netloc, target=parts.path, subprotocols=[TUNNEL])))
+    accepted = None
+    while accepted is None:
+        data = await reader.read(65536)
+        assert data, "server hung up during the handshake"
+        ws.receive_data(data)
+        accepted = next((e for e in ws.events() if isinstance(e, AcceptConnection)), None)
+    assert accepted.subprotocol == TUNNEL
+    conn = websocket.Connection(reader, writer, ws)
+    tunnel = websocket.Tunnel(conn)
+    conn.start(tunnel)
+    session = Session(tunnel, tunnel, server=False)
+    session.start()
+    try:
+        return await spdy_client.forward_over(session, port, payload)
+    finally:
+        await conn.close(linger=1.0)
