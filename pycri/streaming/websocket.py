@@ -40,6 +40,7 @@ from wsproto.events import (
     Ping,
     TextMessage,
 )
+from wsproto.utilities import ProtocolError
 
 from pycri.streaming.limits import MAX_FRAME
 from pycri.streaming.session import (
@@ -182,7 +183,7 @@ class Connection:
             deadline = loop.time() + ABORT_LINGER
             while await asyncio.wait_for(self.reader.read(65536), deadline - loop.time()):
                 pass
-        except (ConnectionError, OSError, TimeoutError):
+        except (ConnectionError, OSError, TimeoutError, ProtocolError):
             pass
         finally:
             self._end()

@@ -122,6 +122,27 @@ def test_websocket_refusals_and_bounds(node: Node) -> None:
         time.sleep(0.1)
 
 
+def test_websocket_input_is_bounded(node: Node) -> None:
+    """A client sending stdin faster than the command reads it (here: never) is held
+    back by TCP once the channel's buffer is full; the daemon does not take it all."""
+    sid, cfg = node.run_pod("ws-flood")
+    cid = node.run(sid, cfg, "box", SLEEP)
+    url = exec_url(node, cid, ["sleep", "30"], stdin=True, stdout=True)
+    client = wsclient.connect(url, ["v5.channel.k8s.io"])
+    sent = 0
+    chunk = b"z" * (32 << 10)
+    try:
+        client.sock.settimeout(3)
+        with pytest.raises(TimeoutError):
+            while sent < 256 << 20:
+                client.send(wsclient.STDIN, chunk)
+                sent += len(chunk)
+    finally:
+        client.close()
+    # 1 MiB for the channel, a pipe's 64 KiB, and what the two sockets' buffers hold.
+    assert sent < 24 << 20, f"{sent >> 20} MiB taken from a client nobody reads"
+
+
 def test_attach_over_websocket(node: Node) -> None:
     sid, cfg = node.run_pod("ws-attach")
     cid = node.run(sid, cfg, "shell", ["sh"], stdin=True, stdin_once=True)

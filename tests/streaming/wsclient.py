@@ -165,11 +165,11 @@ def run(url: str, *, protocols: tuple[str, ...] = ("v5.channel.k8s.io",),
             client.close_channel(STDIN)
         got = client.messages(timeout)
         assert client.closed is not None
-        by: dict[int, bytes] = {}
-        for channel, payload in got:
-            by[channel] = by.get(channel, b"") + payload
-        return Outcome(by.get(STDOUT, b""), by.get(STDERR, b""), by.get(ERROR, b""),
-                       client.protocol, client.closed, got[0][0] if got else -1)  # fmt: skip
+        def joined(channel: int) -> bytes:
+            return b"".join(payload for ch, payload in got if ch == channel)
+
+        return Outcome(joined(STDOUT), joined(STDERR), joined(ERROR), client.protocol,
+                       client.closed, got[0][0] if got else -1)  # fmt: skip
     finally:
         client.close()
 
