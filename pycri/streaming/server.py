@@ -349,10 +349,14 @@ class StreamingServer:
         ws = websocket.server()
         try:
             ws.receive_data(request.raw)
-            offered = next(e for e in ws.events() if isinstance(e, WsRequest)).subprotocols
-        except (RemoteProtocolError, StopIteration) as e:
+            hello = next((e for e in ws.events() if isinstance(e, WsRequest)), None)
+        except RemoteProtocolError as e:
             await self._reply(writer, 400, "Bad Request", f"bad WebSocket handshake: {e}")
             return None
+        if hello is None:
+            await self._reply(writer, 400, "Bad Request", "bad WebSocket handshake")
+            return None
+        offered = hello.subprotocols
         pf = isinstance(req, PortForwardRequest)
         supported = portforward.WEBSOCKET_PROTOCOLS if pf else list(
             remotecommand.WEBSOCKET_PROTOCOLS)

@@ -190,14 +190,13 @@ class Connection:
 
     async def _dispatch(self, event: Event) -> None:
         if isinstance(event, Message):
-            size = len(self._message) + (len(event.data.encode()) if isinstance(event.data, str)
-                                         else len(event.data))  # fmt: skip
-            if size > self.max_message:
+            part = event.data.encode() if isinstance(event.data, str) else event.data
+            if len(self._message) + len(part) > self.max_message:
                 self.abort(TOO_BIG, f"message of more than {self.max_message} bytes "
                            f"(the limit is {self.max_message})")  # fmt: skip
                 return
             self._text = isinstance(event, TextMessage)
-            self._message += event.data.encode() if isinstance(event.data, str) else event.data
+            self._message += part
             if event.message_finished:
                 message = bytes(self._message)
                 self._message.clear()

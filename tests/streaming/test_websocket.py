@@ -4,8 +4,10 @@ CNI), driven by the wsproto client in tests/streaming/wsclient.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import time
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -90,6 +92,14 @@ def test_websocket_refusals_and_bounds(node: Node) -> None:
         with pytest.raises(wsclient.Refused) as e:
             wsclient.connect(bad, ["v5.channel.k8s.io"])
         assert e.value.status == 404
+    # A handshake wsproto rejects (no key): 400 with its reason.
+    parts = urlsplit(exec_url(node, cid, ["true"], stdout=True))
+    with socket.create_connection((parts.hostname, parts.port), timeout=10) as sock:
+        sock.sendall(f"GET {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\nConnection: "
+                     "Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                     .encode())  # fmt: skip
+        reply = b"".join(iter(lambda: sock.recv(4096), b""))
+    assert reply.startswith(b"HTTP/1.1 400") and b"Sec-WebSocket-Key" in reply, reply
     # No common sub-protocol: 403 naming ours, and nothing ran.
     with pytest.raises(wsclient.Refused, match=r"403.*v5\.channel\.k8s\.io"):
         wsclient.connect(exec_url(node, cid, ["true"], stdout=True), ["v9.channel.k8s.io"])
