@@ -70,7 +70,7 @@ class ImagesConfig:
 
 @dataclass
 class StreamingConfig:
-    """Bounds on the unauthenticated streaming port and on each SPDY session (issue 8)."""
+    """Bounds on the unauthenticated streaming port and on each SPDY or WebSocket session."""
 
     # Connections of any kind, and those still sending their request head (no token yet).
     max_connections: int = 512
