@@ -30,6 +30,7 @@ from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
+from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
@@ -124,7 +125,13 @@ class Daemon:
         launcher.watch()
         await sandboxes.recover()
         await containers.recover()
-        node = NodeStatus(cfg, store, cni.status)
+        sandboxes.userns_support = support = await userns.probe(
+            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime, root,
+            mounts.rootfs_area(cfg.state))
+        if support.kernel_problem:
+            log.info("pods with their own user namespace cannot run here: %s",
+                     support.kernel_problem)
+        node = NodeStatus(cfg, store, cni.status, support)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
