@@ -15,7 +15,6 @@ or create a user namespace.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ctypes
 import os
 import re
@@ -131,30 +130,33 @@ def _probe_idmapped_overlay(store: Path, scratch: Path) -> None:
         if not helper.stdout.readline():
             raise OSError(f"{UNSHARE} --user --net could not run")
         maps = (IDMap(0, 1 << 20, 65536),)
-        pin = scratch / "userns"
-        _map_and_pin(helper.pid, maps, maps, pin)
+        _map_and_pin(helper.pid, maps, maps, scratch / "userns")
     finally:
         helper.kill()
         helper.wait()
+    fd = open_userns(scratch / "userns")
     try:
-        fd = open_userns(pin)
-        try:
-            mounts.stage_idmapped(str(store), scratch / "lower", fd, readonly=True,
-                                  recursive=False)
-        finally:
-            os.close(fd)
-        for d in ("upper", "work", "merged"):
-            (scratch / d).mkdir()
-        opts = (f"lowerdir={scratch / 'lower'},upperdir={scratch / 'upper'},"
-                f"workdir={scratch / 'work'}")
-        if _libc.mount(b"overlay", os.fsencode(scratch / "merged"), b"overlay", 0,
-                       opts.encode()):
-            err = ctypes.get_errno()
-            raise OSError(err, f"overlay over an idmapped layer: {os.strerror(err)}")
-        mounts.unstage(scratch / "merged")
+        mounts.stage_idmapped(str(store), scratch / "lower", fd, readonly=True, recursive=False)
     finally:
-        for name in ("lower", "userns"):
-            mounts.unstage(scratch / name)
+        os.close(fd)
+    for d in ("upper", "work", "merged"):
+        (scratch / d).mkdir()
+    opts = f"lowerdir={scratch / 'lower'},upperdir={scratch / 'upper'},workdir={scratch / 'work'}"
+    if _libc.mount(b"overlay", os.fsencode(scratch / "merged"), b"overlay", 0, opts.encode()):
+        err = ctypes.get_errno()
+        raise OSError(err, f"overlay over an idmapped layer: {os.strerror(err)}")
+
+
+def _clear_probe(scratch: Path) -> None:
+    """Unmount the probe's mounts first; only then delete its upper and work dirs (never
+    mount points), so nothing can reach through a mount into the image store."""
+    if not scratch.is_dir():
+        return
+    for name in ("merged", "lower", "userns"):
+        mounts.unstage(scratch / name)
+    for name in ("upper", "work"):
+        shutil.rmtree(scratch / name, ignore_errors=True)
+    scratch.rmdir()
 
 
 def probe_kernel(store: Path, rootfs_area: Path) -> str | None:
@@ -166,17 +168,18 @@ def probe_kernel(store: Path, rootfs_area: Path) -> str | None:
     if problem := _traversable(rootfs_area):
         return problem
     scratch = rootfs_area / ".probe-userns"
-    with contextlib.suppress(OSError):
-        mounts.unstage_all(scratch)  # a crash's leftover
+    problem = None
     try:
+        _clear_probe(scratch)  # a crash's leftover
         mounts.private_dirs(scratch)
         _probe_idmapped_overlay(store, scratch)
     except OSError as e:
-        return f"idmapped mounts of {store} under overlayfs do not work here: {e}"
-    finally:
-        with contextlib.suppress(OSError):
-            mounts.unstage_all(scratch)
-    return None
+        problem = f"idmapped mounts of {store} under overlayfs do not work here: {e}"
+    try:
+        _clear_probe(scratch)
+    except OSError as e:
+        problem = problem or f"the probe's mounts in {scratch} could not be removed: {e}"
+    return problem
 
 
 def runtime_problem(version_output: str) -> str | None:
