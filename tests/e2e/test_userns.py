@@ -215,14 +215,12 @@ def test_node_mode_is_the_host_namespace(node: Node) -> None:
 def test_refusals_name_the_problem_and_create_nothing(
     node: Node, ns: pb.NamespaceOption, privileged: bool, message: str
 ) -> None:
-    before = sorted(os.listdir("/run/netns"))
     with pytest.raises(grpc.RpcError) as e:
         run_pod(node, "userns-bad", ns, privileged=privileged)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in (e.value.details() or ""), e.value.details()
     assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
-    assert not list((node.tmp / "root" / "sandboxes").glob("*"))
-    assert sorted(os.listdir("/run/netns")) == before
+    assert not list((node.tmp / "root" / "sandboxes").glob("*"))  # refused at the gate
 
 
 def test_idmapped_mount_needs_the_pods_mappings(node: Node) -> None:
@@ -234,6 +232,12 @@ def test_idmapped_mount_needs_the_pods_mappings(node: Node) -> None:
         ])
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "pod's user namespace mappings" in (e.value.details() or "")
+    with pytest.raises(grpc.RpcError) as e:  # /proc is below it: nothing there can be idmapped
+        node.create(sid, cfg, "c", SLEEP, linux=container_ns(cfg), mounts=[
+            pb.Mount(container_path="/m", host_path="/", readonly=True, **maps(host)),  # type: ignore[arg-type]
+        ])
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "cannot be idmapped" in (e.value.details() or "")
     outside = pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
         namespace_options=cfg.linux.security_context.namespace_options,
         run_as_user=pb.Int64Value(value=LENGTH)))
@@ -261,3 +265,60 @@ def test_kill_9_keeps_the_pod_and_remove_leaves_no_mount(node: Node) -> None:
     assert idmapped_mounts(node) == []
     assert not (node.tmp / "state" / "rro").exists() or not list(
         (node.tmp / "state" / "rro").iterdir())
+
+
+def test_image_volume_with_and_without_idmap(node: Node) -> None:
+    host = host_base()
+    sid, cfg = run_pod(node, "userns-imgvol", userns(host))
+    image = pb.ImageSpec(image=node.image)
+    cid = node.run(sid, cfg, "c", SLEEP, linux=container_ns(cfg), mounts=[
+        pb.Mount(container_path="/img", readonly=True, image=image),
+        pb.Mount(container_path="/img-mapped", readonly=True, image=image, **maps(host)),  # type: ignore[arg-type]
+    ])
+    owners = node.exec(cid, "stat", "-c", "%u", "/img/bin/busybox", "/img-mapped/bin/busybox")
+    assert owners.stdout.split() == [b"65534", b"0"]
+    assert node.exec(cid, "touch", "/img-mapped/x").exit_code != 0  # still read-only
+
+
+FAILING_CREATE = """#!/bin/sh
+for a in "$@"; do last=$a; done
+echo "$last" >> {mark}.ids
+for a in "$@"; do
+  if [ "$a" = create ] && [ -e {mark} ]; then echo "injected create failure" >&2; exit 1; fi
+done
+exec /usr/sbin/runc "$@"
+"""
+
+
+def test_failed_creates_undo_namespaces_and_mounts(node: Node) -> None:
+    mark = node.tmp / "fail-create"
+    node.add_runtime("failing", FAILING_CREATE.format(mark=mark))
+    host = host_base()
+    mark.touch()
+    with pytest.raises(grpc.RpcError) as e:
+        run_pod(node, "userns-fail", userns(host), "failing")
+    assert "injected create failure" in (e.value.details() or "")
+    assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+    assert idmapped_mounts(node) == []
+    tried = Path(f"{mark}.ids").read_text().split()  # the infra's ID is the pod's
+    assert tried and not [i for i in tried if os.path.exists(f"/run/netns/pycri-{i}")]
+    assert not list((node.tmp / "state" / "rootfs").iterdir())
+
+    mark.unlink()
+    sid, cfg = run_pod(node, "userns-fail2", userns(host), "failing")
+    pod_mounts = idmapped_mounts(node)  # the pod's pinned namespaces
+    (node.tmp / "vol").mkdir()
+    mark.touch()
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, cfg, "c", SLEEP, linux=container_ns(cfg), mounts=[
+            pb.Mount(container_path="/m", host_path=str(node.tmp / "vol"), **maps(host)),  # type: ignore[arg-type]
+            pb.Mount(container_path="/img", readonly=True, image=pb.ImageSpec(image=node.image),
+                     **maps(host)),  # type: ignore[arg-type]
+        ])
+    assert "injected create failure" in (e.value.details() or "")
+    assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+    assert idmapped_mounts(node) == pod_mounts
+    assert sorted(p.name for p in (node.tmp / "state" / "rootfs").iterdir()) == [sid]
+    assert not list((node.tmp / "state" / "rro").iterdir())
+    with open("/proc/mounts") as f:
+        assert not [line for line in f if str(node.tmp / "root" / "snapshots") in line]
