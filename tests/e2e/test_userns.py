@@ -5,6 +5,7 @@ of pycri, and nothing left mounted afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -19,6 +20,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
+from tests.streaming import client
 
 pytestmark = pytest.mark.e2e
 
@@ -322,3 +324,25 @@ def test_failed_creates_undo_namespaces_and_mounts(node: Node) -> None:
     assert not list((node.tmp / "state" / "rro").iterdir())
     with open("/proc/mounts") as f:
         assert not [line for line in f if str(node.tmp / "root" / "snapshots") in line]
+
+
+def test_port_forward_and_streaming_exec_reach_the_pod(node: Node) -> None:
+    """Port-forward dials from a thread that enters the pod's network namespace, which the
+    pod's user namespace owns; the streaming exec joins that user namespace."""
+    sid, cfg = run_pod(node, "userns-pf", userns(host_base()))
+    web = ["sh", "-c", "mkdir -p /www && echo hi-from-userns > /www/index.html && "
+           "exec httpd -f -p 8080 -h /www"]
+    cid = node.run(sid, cfg, "web", web, linux=container_ns(cfg))
+    request = b"GET /index.html HTTP/1.0\r\n\r\n"
+    deadline = time.monotonic() + 10
+    while True:
+        url = node.cri.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid)).url
+        reply, error = asyncio.run(client.forward_once(url, 8080, request))
+        if reply or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)  # httpd not listening yet
+    assert b"hi-from-userns" in reply, (reply, error)
+    url = node.cri.runtime.Exec(pb.ExecRequest(container_id=cid, cmd=["id", "-u"],
+                                               stdout=True, stderr=True)).url
+    out = asyncio.run(client.run(url, timeout=15))
+    assert out.stdout == b"0\n" and out.status["status"] == "Success", out
