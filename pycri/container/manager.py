@@ -274,7 +274,6 @@ class ContainerManager:
         for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
             log.info("removing staged mounts left by a crash in %s", staging)
             mounts.unstage_all(staging)
-        mounts.open_rootfs_area(self.cfg.state)
 
     async def _remove_image_volumes(self, c: Container) -> None:
         for _, key in c.image_volumes():

@@ -169,6 +169,8 @@ def test_host_path_with_and_without_idmap(node: Node) -> None:
     cid = node.run(sid, cfg, "c", SLEEP, linux=container_ns(cfg), mounts=[
         pb.Mount(container_path="/plain", host_path=str(secret)),
         pb.Mount(container_path="/mapped", host_path=str(secret), **maps(host)),  # type: ignore[arg-type]
+        pb.Mount(container_path="/dev/termination-log", host_path=str(secret / "key"),
+                 **maps(host)),  # type: ignore[arg-type]  # a file, as the kubelet mounts
     ])
     plain = node.exec(cid, "cat", "/plain/key")
     assert plain.exit_code != 0 and b"Permission denied" in plain.stderr
@@ -180,6 +182,7 @@ def test_host_path_with_and_without_idmap(node: Node) -> None:
     assert os.stat(secret / "key").st_mode & 0o777 == 0o600
     mapped = node.exec(cid, "cat", "/mapped/key")
     assert (mapped.exit_code, mapped.stdout) == (0, b"host root only\n")
+    assert node.exec(cid, "cat", "/dev/termination-log").stdout == b"host root only\n"
     assert node.exec(cid, "sh", "-c", "echo w > /mapped/new").exit_code == 0
     assert os.stat(secret / "new").st_uid == 0  # written through the mapping: host root's
     assert idmapped_mounts(node) == [
