@@ -20,6 +20,8 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
+from tests.lib import images
+from tests.lib.registry import Registry
 from tests.streaming import client
 
 pytestmark = pytest.mark.e2e
@@ -349,3 +351,26 @@ def test_port_forward_and_streaming_exec_reach_the_pod(node: Node) -> None:
                                                stdout=True, stderr=True)).url
     out = asyncio.run(client.run(url, timeout=15))
     assert out.stdout == b"0\n" and out.status["status"] == "Success", out
+
+
+def test_pause_image_infra_in_the_pods_user_namespace(node: Node, registry: Registry) -> None:
+    pause = images.push_busybox(registry.addr, node.tmp / "layout", name="pause", tag="userns",
+                                entrypoint=["/bin/sleep"], cmd=["1000000"])
+    cfg = node.proc.config
+    cfg.write_text(f'pause_image = "{pause}"\n' + cfg.read_text())
+    node.restart()
+    host = host_base()
+    sid, pod = run_pod(node, "userns-pause", userns(host))
+    info = json.loads(node.cri.runtime.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=sid, verbose=True)).info["info"])
+    deadline = time.monotonic() + 30
+    while b"sleep" not in Path(f"/proc/{info['pid']}/cmdline").read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert host_uid(info["pid"]) == host
+    cid = node.run(sid, pod, "c", SLEEP, linux=container_ns(pod))
+    assert node.exec(cid, "stat", "-c", "%u", "/bin/busybox").stdout == b"0\n"
+    node.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+    assert not list((node.tmp / "root" / "snapshots").glob("*"))
+    assert idmapped_mounts(node) == []
