@@ -231,6 +231,9 @@ class UserNamespace:
                         + ", ".join(f"{m.container_id}-{m.container_id + m.length - 1}"
                                     for m in maps) + ")")
 
+    def maps_gid(self, gid: int) -> bool:
+        return any(m.container_id <= gid < m.container_id + m.length for m in self.gids)
+
     def linux(self) -> dict[str, Any]:
         return {"uidMappings": [m.oci() for m in self.uids],
                 "gidMappings": [m.oci() for m in self.gids]}
@@ -583,8 +586,16 @@ def check_image_volume(m: pb.Mount) -> None:
         )
 
 
-def _base_mounts(privileged: bool, shm_path: str | None) -> list[dict[str, Any]]:
+TTY_GID = 5  # devpts gives new ptys this group, which must exist in a user namespace
+
+
+def _base_mounts(
+    privileged: bool, shm_path: str | None, userns: UserNamespace | None = None
+) -> list[dict[str, Any]]:
     sys_mode = "rw" if privileged else "ro"
+    devpts = ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+    if userns is None or userns.maps_gid(TTY_GID):  # else the kernel refuses the mount
+        devpts.append(f"gid={TTY_GID}")
     shm: dict[str, Any]
     if shm_path:
         shm = {
@@ -617,7 +628,7 @@ def _base_mounts(privileged: bool, shm_path: str | None) -> list[dict[str, Any]]
             "destination": "/dev/pts",
             "type": "devpts",
             "source": "devpts",
-            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            "options": devpts,
         },
         shm,
         {
@@ -821,7 +832,8 @@ def container_spec(
         process["apparmorProfile"] = aa
 
     user_mounts, rootfs_propagation = cri_mounts(config.mounts, ctx.mount_sources)
-    defaults = _base_mounts(privileged, ctx.shm_path) + _pod_file_mounts(ctx, sc.readonly_rootfs)
+    defaults = (_base_mounts(privileged, ctx.shm_path, ctx.userns)
+                + _pod_file_mounts(ctx, sc.readonly_rootfs))
 
     devices = list(ctx.devices)
     dev_rules: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
@@ -882,7 +894,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
     opts = sc.namespace_options
     privileged = sc.privileged
     caps = capabilities(pb.Capability(), privileged, ctx.available_capabilities)
-    mounts = _base_mounts(privileged, ctx.shm_path)
+    mounts = _base_mounts(privileged, ctx.shm_path, ctx.userns)
     if ctx.image is None:
         if not ctx.infra_binary.startswith("/"):
             raise InvalidArgument(f"infra binary {ctx.infra_binary!r} must be an absolute path")

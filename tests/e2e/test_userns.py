@@ -374,3 +374,12 @@ def test_pause_image_infra_in_the_pods_user_namespace(node: Node, registry: Regi
     node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
     assert not list((node.tmp / "root" / "snapshots").glob("*"))
     assert idmapped_mounts(node) == []
+
+
+def test_a_one_id_namespace_runs(node: Node) -> None:
+    """Without gid 5 mapped the kernel refuses devpts' gid=5, which pycri then leaves out."""
+    host = host_base()
+    sid, cfg = run_pod(node, "userns-tiny", userns(host, 1))
+    cid = node.run(sid, cfg, "c", SLEEP, linux=container_ns(cfg))
+    assert node.exec(cid, "cat", "/proc/self/uid_map").stdout.split() == [
+        b"0", str(host).encode(), b"1"]

@@ -104,3 +104,13 @@ def test_support_by_handler() -> None:
     assert support.problem("old") == "runc 1.0 is older than 1.1"
     assert support.problem("nope") == "unknown handler"
     assert Support("no idmapped overlay", {"runc": None}).problem("runc") == "no idmapped overlay"
+
+
+def test_devpts_group_only_where_the_namespace_maps_it() -> None:
+    def devpts(ns: UserNamespace | None) -> list[str]:
+        return next(m for m in build(userns=ns)["mounts"]
+                    if m["destination"] == "/dev/pts")["options"]
+
+    assert "gid=5" in devpts(None) and "gid=5" in devpts(NS)
+    tiny = UserNamespace(NS.path, (IDMap(0, 65536, 1),), (IDMap(0, 65536, 1),))
+    assert not [o for o in devpts(tiny) if o.startswith("gid=")]
