@@ -766,11 +766,9 @@ def _check_mount_maps(config: pb.ContainerConfig, pod: pb.PodSandboxConfig) -> N
         if maps is None:
             raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings need a pod with "
                                   "its own user namespace")
-        want = [(x.container_id, x.host_id, x.length) for x in maps[0]], [
-            (x.container_id, x.host_id, x.length) for x in maps[1]]
-        got = [(x.container_id, x.host_id, x.length) for x in m.uidMappings], [
-            (x.container_id, x.host_id, x.length) for x in m.gidMappings]
-        if got != want:
+        got = (tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.uidMappings),
+               tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.gidMappings))
+        if got != maps:
             raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings must be the "
                                   "pod's user namespace mappings")
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pycri import errors
-from pycri.oci import mounts
+from pycri.oci import mounts, userns
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
@@ -111,7 +111,7 @@ class Idmap:
 
 
 def _stage_store(store: Path, target: Path, idmap: Idmap) -> None:
-    fd = os.open(idmap.userns, os.O_RDONLY | os.O_CLOEXEC)
+    fd = userns.open_userns(idmap.userns)
     try:
         # Not recursive: the rootfs overlays mounted under the store are no layers.
         mounts.stage_idmapped(str(store), target, fd, readonly=True, recursive=False)

@@ -211,6 +211,10 @@ class IDMap:
         return {"containerID": self.container_id, "hostID": self.host_id, "size": self.length}
 
 
+def _mapped(maps: Iterable[IDMap], i: int) -> bool:
+    return any(m.container_id <= i < m.container_id + m.length for m in maps)
+
+
 @dataclass(frozen=True)
 class UserNamespace:
     """A pod's own user namespace: the pinned namespace to join and its mappings (the
@@ -225,14 +229,14 @@ class UserNamespace:
         for kind, ids, maps in (("uid", (user.uid,), self.uids),
                                 ("gid", (user.gid, *user.additional_gids), self.gids)):
             for i in ids:
-                if not any(m.container_id <= i < m.container_id + m.length for m in maps):
+                if not _mapped(maps, i):
                     raise InvalidArgument(
                         f"{kind} {i} is not mapped in the pod's user namespace ("
                         + ", ".join(f"{m.container_id}-{m.container_id + m.length - 1}"
                                     for m in maps) + ")")
 
     def maps_gid(self, gid: int) -> bool:
-        return any(m.container_id <= gid < m.container_id + m.length for m in self.gids)
+        return _mapped(self.gids, gid)
 
     def linux(self) -> dict[str, Any]:
         return {"uidMappings": [m.oci() for m in self.uids],
