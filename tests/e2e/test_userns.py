@@ -255,9 +255,10 @@ def test_idmapped_mount_needs_the_pods_mappings(node: Node) -> None:
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
 
 
-def test_kill_9_keeps_the_pod_and_remove_leaves_no_mount(node: Node) -> None:
+@pytest.mark.parametrize("handler", HANDLERS)
+def test_kill_9_keeps_the_pod_and_remove_leaves_no_mount(node: Node, handler: str) -> None:
     host = host_base()
-    sid, cfg = run_pod(node, "userns-crash", userns(host))
+    sid, cfg = run_pod(node, "userns-crash", userns(host), handler)
     cid = node.run(sid, cfg, "c", SLEEP, linux=container_ns(cfg))
     node.restart(signal.SIGKILL)
     assert node.pod_status(sid).state == pb.SANDBOX_READY
