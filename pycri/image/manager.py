@@ -590,6 +590,7 @@ class ImageManager:
                 rootfs = self.snapshots.dir(key) / "rootfs"
                 if rootfs.exists() and is_mounted(rootfs):
                     _umount(rootfs)
+                self.snapshots.drop_idmapped_store(key)
                 shutil.rmtree(self.snapshots.dir(key), ignore_errors=True)
         for chain, _ in self._store.items(LAYER):
             self.snapshots.link_layer(chain)

@@ -163,7 +163,7 @@ class Snapshotter:
         upper, work, bottom = d / "upper", d / "work", d / "empty"
         for p in (d, *((bottom,) if readonly else (upper, work)), rootfs):
             p.mkdir(mode=0o755, exist_ok=True)
-        store = d / "idmapped-store"
+        store = self._idmapped_store(key)
         layers, links, empty = self.layers, self.links, self.empty
         try:
             if idmap is not None:
@@ -206,12 +206,23 @@ class Snapshotter:
         if proc.returncode != 0:
             raise OSError(f"mount overlay on {rootfs}: {err.decode(errors='replace').strip()}")
 
+    def _idmapped_store(self, key: str) -> Path:
+        """Where the idmapped copy of the whole store is, while an overlay is mounted."""
+        return self.dir(key) / "idmapped-store"
+
+    def drop_idmapped_store(self, key: str) -> None:
+        """Detach a copy of the store a crash left in `key`'s dir: deleting the dir with
+        the copy still mounted would delete every layer (and the database) through it.
+        Raises if it cannot be detached, so no deletion follows."""
+        mounts.unstage(self._idmapped_store(key))
+
     async def remove(self, key: str) -> None:
         """Unmount and delete; absent is fine."""
         d = self.dir(key)
         rootfs = d / "rootfs"
         if rootfs.exists() and is_mounted(rootfs):
             await asyncio.to_thread(_umount, rootfs)
+        await asyncio.to_thread(self.drop_idmapped_store, key)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
     def upper(self, key: str) -> Path:

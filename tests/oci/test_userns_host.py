@@ -14,6 +14,7 @@ import pytest
 
 from pycri.check import run_checks
 from pycri.config import Config, RuntimeHandler
+from pycri.image.snapshots import Snapshotter
 from pycri.network.netns import remove_netns
 from pycri.oci import mounts
 from pycri.oci.spec import IDMap
@@ -91,3 +92,30 @@ def test_pycri_check_reports_user_namespaces_by_handler(area: Path) -> None:
     assert found["user namespaces (runc)"].ok and found["user namespaces (crun)"].ok
     assert not found["user namespaces (old)"].ok
     assert found["user namespaces (old)"].detail == "runc 1.0 is older than 1.1"
+
+
+def test_removing_a_snapshot_never_deletes_through_a_left_idmapped_store(area: Path) -> None:
+    """A crash between staging the idmapped copy of the store and detaching it leaves the
+    copy mounted in the snapshot's dir; removal must detach it before deleting the dir."""
+    store = area / "store"
+    snaps = Snapshotter(store / "snapshots", store / "layers", store / "l", store / "empty")
+    (store / "layers" / "abc").mkdir()
+    (store / "layers" / "abc" / "file").write_text("layer")
+    pin = area / "userns"
+    name = f"pycri-test-{secrets.token_hex(4)}"
+    maps = (IDMap(0, 65536 * 41, 65536),)
+    netns = asyncio.run(create_pod_namespaces(pin, name, maps, maps))
+    try:
+        snaps.dir("k").mkdir()
+        fd = open_userns(pin)
+        try:
+            mounts.stage_idmapped(str(store), snaps.dir("k") / "idmapped-store", fd,
+                                  readonly=True, recursive=False)
+        finally:
+            os.close(fd)
+        asyncio.run(snaps.remove("k"))
+        assert not snaps.dir("k").exists()
+        assert (store / "layers" / "abc" / "file").read_text() == "layer"
+    finally:
+        unpin_userns(pin)
+        asyncio.run(remove_netns(netns))
