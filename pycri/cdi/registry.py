@@ -57,10 +57,14 @@ def decode(path: str, data: bytes) -> Any:
     """A spec file's document: JSON for .json, YAML (safe_load) for .yaml."""
     try:
         doc = json.loads(data) if path.endswith(".json") else yaml.safe_load(data)
+        _count(doc, [MAX_NODES])
+    except RecursionError:
+        raise SpecError("nested too deeply") from None
     except (ValueError, yaml.YAMLError) as e:
+        if isinstance(e, SpecError):
+            raise
         raise SpecError(f"not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    _count(doc, [MAX_NODES])
     return doc
 
 

@@ -230,6 +230,9 @@ def test_bounds_on_file_size_count_and_yaml_aliases(tmp_path: Path) -> None:
         bomb += f"{c}: &{c} [" + ",".join([f"*{prev}"] * 50) + "]\n"
     with pytest.raises(SpecError, match="YAML aliases"):
         reg.decode("bomb.yaml", bomb.encode())
+    for name in ("deep.json", "deep.yaml"):
+        with pytest.raises(SpecError, match="nested too deeply"):
+            reg.decode(name, b"[" * 200_000 + b"]" * 200_000)
 
 
 def test_device_node_type_mismatch_and_missing_host_node(tmp_path: Path) -> None:
