@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -85,7 +86,11 @@ class Registry:
         try:
             if sig[2] > self.max_spec_bytes:
                 raise SpecError(f"larger than {self.max_spec_bytes} bytes")
-            with open(path, "rb") as f:
+            # Non-blocking: a FIFO swapped in after the listing must not hang the thread.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with open(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise SpecError("not a regular file")
                 data = f.read(self.max_spec_bytes + 1)
             if len(data) > self.max_spec_bytes:
                 raise SpecError(f"larger than {self.max_spec_bytes} bytes")

@@ -235,6 +235,19 @@ def test_bounds_on_file_size_count_and_yaml_aliases(tmp_path: Path) -> None:
             reg.decode(name, b"[" * 200_000 + b"]" * 200_000)
 
 
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    write(tmp_path, "v.json", FULL)
+    os.mkfifo(tmp_path / "fifo.json")  # opening it for reading would block
+    (tmp_path / "dir.yaml").mkdir()
+    (tmp_path / "notes.txt").write_text("{not a spec")
+    (tmp_path / "link.yaml").symlink_to(tmp_path / "v.json")  # followed: same devices
+    r = registry(tmp_path)
+    with pytest.raises(InvalidArgument, match="more than one spec file"):
+        r.resolve(["example.com/dev=null"])
+    (tmp_path / "link.yaml").unlink()
+    assert len(r.resolve(["example.com/dev=null"])) == 2
+
+
 def test_device_node_type_mismatch_and_missing_host_node(tmp_path: Path) -> None:
     nodes = [{"name": "blk", "containerEdits": {"deviceNodes": [
                  {"path": "/dev/x", "hostPath": "/dev/null", "type": "b"}]}},

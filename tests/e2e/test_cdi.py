@@ -71,10 +71,13 @@ def assert_refused(node: Node, sid: str, pod: pb.PodSandboxConfig, message: str,
     assert not list((node.tmp / "root" / "snapshots").glob("*refused*"))
 
 
-def test_device_node_env_and_mount_inside_the_container(cdi_node: Node) -> None:
+@pytest.mark.parametrize("handler", ["runc", "crun"])
+def test_device_node_env_and_mount_inside_the_container(cdi_node: Node, handler: str) -> None:
     node = cdi_node
     (node.tmp / "etc-cdi" / "null.json").write_text(json.dumps(spec(node.tmp / "cdi-data")))
-    sid, pod = node.run_pod("cdi")
+    pod = node.pod_config(f"cdi-{handler}")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=pod, runtime_handler=handler)).pod_sandbox_id
     cid = node.run(sid, pod, "dev", SLEEP, CDI_devices=[pb.CDIDevice(name="pycri.test/null=null")])
     ls = out(node, cid, "ls", "-l", "/dev/cdi-null").split()
     assert ls[0].startswith("c") and ls[4] == f"{os.major(NULL.st_rdev)}," and \
