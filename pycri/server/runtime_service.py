@@ -69,7 +69,8 @@ class RuntimeServicer(
                 pb.RuntimeHandler(
                     name=name,
                     features=pb.RuntimeHandlerFeatures(
-                        recursive_read_only_mounts=self.node.recursive_read_only
+                        recursive_read_only_mounts=self.node.recursive_read_only,
+                        user_namespaces=self.node.user_namespaces[name],
                     ),
                 )
                 for name in self.node.handlers()
