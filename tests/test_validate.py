@@ -246,6 +246,17 @@ BAD: list[tuple[str, object, str]] = [
         overhead=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
             page_size="2MB", limit=1)]))),
      "config.linux.overhead.hugepage_limits: a pod-level limit can only be one of"),
+    ("CDI device without a kind", ctr(CDI_devices=[pb.CDIDevice(name="gpu0")]),
+     "config.CDI_devices[0].name: CDI device 'gpu0' is not vendor.com/class=name"),
+    ("CDI device with a bad vendor", ctr(CDI_devices=[pb.CDIDevice(name="-v.com/gpu=0")]),
+     "invalid vendor '-v.com'"),
+    ("CDI device with a bad name", ctr(CDI_devices=[pb.CDIDevice(name="v.com/gpu=a/b")]),
+     "device name 'a/b' must start and end"),
+    ("CDI annotation with a bad device",
+     ctr(annotations={"cdi.k8s.io/plugin_dev": "v.com/gpu=0,gpu1"}),
+     "config.annotations['cdi.k8s.io/plugin_dev']: CDI device 'gpu1' is not"),
+    ("CDI annotation empty", ctr(annotations={"cdi.k8s.io/x": ""}),
+     "CDI device '' is not vendor.com/class=name"),
 ]
 
 
@@ -335,6 +346,10 @@ GOOD: list[tuple[str, object]] = [
                                             memory_limit_in_bytes=5 << 20),
         resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=-1, cpu_shares=2,
                                              memory_limit_in_bytes=64 << 20)))),
+    ("CDI devices, by field and by annotation", ctr(
+        CDI_devices=[pb.CDIDevice(name="nvidia.com/gpu=0"), pb.CDIDevice(name="v.io/c.x=a:b")],
+        annotations={"cdi.k8s.io/vendor.gpu_0": "nvidia.com/gpu=1,nvidia.com/gpu=all",
+                     "other.io/cdi": "not a device"})),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]

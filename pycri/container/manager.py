@@ -28,6 +28,9 @@ from google.protobuf import json_format
 
 from pycri import events
 from pycri.api import api_pb2 as pb
+from pycri.cdi import names as cdi_names
+from pycri.cdi import registry as cdi
+from pycri.cdi.schema import ContainerEdits
 from pycri.config import Config
 from pycri.container.model import KIND, Container
 from pycri.errors import (
@@ -155,6 +158,8 @@ class ContainerManager:
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
+        self.cdi = cdi.Registry(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
+                                cfg.cdi.max_spec_files)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -321,6 +326,12 @@ class ContainerManager:
         self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack
     ) -> None:
         config = c.config
+        async with step("resolving CDI devices"):
+            # Spec files are stat'ed (and read when changed): off the loop, before
+            # anything is made, so an unknown device leaves nothing behind.
+            wanted = [d.name for d in config.CDI_devices]
+            wanted += cdi_names.annotation_devices(dict(config.annotations))
+            cdi_edits = await asyncio.to_thread(self.cdi.resolve, wanted) if wanted else []
         idmap = self.sandboxes.idmap(sb)
         async with step("preparing the rootfs"):
             rootfs = await self.images.prepare_rootfs(c.id, c.image_id, idmap)
@@ -346,7 +357,7 @@ class ContainerManager:
             # Host paths, mountinfo, /dev and the pod's files are read: off the loop.
             doc = await asyncio.to_thread(
                 self._spec, c, sb, image, runtime_rootfs, volumes, user, profile,
-                self._pid_ns(c, sb),
+                self._pid_ns(c, sb), cdi_edits,
             )
             c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         async with step("checking the image's rootfs"):
@@ -402,6 +413,7 @@ class ContainerManager:
         user: ResolvedUser,
         profile: dict[str, Any] | None,
         pid_ns: str | None,
+        cdi_edits: builtins.list[ContainerEdits],
     ) -> dict[str, Any]:
         """The container's OCI spec; runs in a worker thread and only reads the records."""
         config = c.config
@@ -441,6 +453,7 @@ class ContainerManager:
             mount_sources=sources,
             selinux_enabled=self.sandboxes.selinux,
             userns=self.sandboxes.userns(sb),
+            cdi_edits=cdi_edits,
         )
         if not self.sandboxes.selinux:
             selinux.ignored(f"container {c.id}", selinux.container_fields(config))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
+from pycri.cdi import edits as cdi_edits
+from pycri.cdi.schema import ContainerEdits
 from pycri.errors import InvalidArgument
 from pycri.oci import bindopts, selinux
 from pycri.oci import seccomp as seccomp_mod
@@ -304,6 +306,8 @@ class ContainerContext:
     rlimits: Sequence[Rlimit] = ()
     selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
     userns: UserNamespace | None = None  # the pod's own user namespace, joined
+    # The CDI devices' edits, resolved (cdi/registry.py), applied last in their order.
+    cdi_edits: Sequence[ContainerEdits] = ()
 
 
 @dataclass(frozen=True)
@@ -517,10 +521,6 @@ def _clean_dest(path: str) -> str:
     return posixpath.normpath(path).replace("//", "/")
 
 
-def _depth(mount: Mapping[str, Any]) -> int:
-    return len([p for p in mount["destination"].split("/") if p])
-
-
 def image_volume_key(index: int) -> str:
     """The `mount_sources` key of the image volume at `index` in the CRI mounts; host
     paths are absolute, so it cannot collide with one."""
@@ -717,7 +717,7 @@ def _merge_mounts(
     """A user mount replaces the default at the same path; parents mount before children."""
     taken = {m["destination"] for m in user}
     merged = [m for m in defaults if m["destination"] not in taken] + user
-    return sorted(merged, key=_depth)
+    return sorted(merged, key=cdi_edits.mount_depth)
 
 
 def _device_entries(
@@ -949,7 +949,7 @@ def container_spec(
     }
     if not host_uts and sandbox.hostname:
         spec["hostname"] = sandbox.hostname
-    return spec
+    return cdi_edits.apply(spec, ctx.cdi_edits) if ctx.cdi_edits else spec
 
 
 def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
 from pycri.api.api_pb2 import CONTAINER, NODE, POD, TARGET
+from pycri.cdi import names as cdi_names
 from pycri.errors import InvalidArgument
 from pycri.oci.bindopts import option_problem
 
@@ -186,6 +187,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("Mount", "mount_options"): Kind(max_len=32, check=option_problem),
     ("Device", "container_path"): PATH,
     ("Device", "host_path"): PATH,
+    # CDI device names: vendor.com/class=name (the CDI spec's syntax, cdi/names.py).
+    ("CDIDevice", "name"): Kind(max_len=1024, check=cdi_names.qualified_problem),
     ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
     ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096, check=_cgroup_parent),
     ("LinuxContainerSecurityContext", "readonly_paths"): PATH,
@@ -306,6 +309,16 @@ def _device(d: Any) -> Problem:
     return None
 
 
+def _cdi_annotations(config: Any) -> Problem:
+    """`cdi.k8s.io/<key>` annotations ask for CDI devices: comma-separated device names."""
+    for key, value in config.annotations.items():
+        if key.startswith(cdi_names.ANNOTATION_PREFIX):
+            for device in value.split(","):
+                if problem := cdi_names.qualified_problem(device):
+                    return f"annotations[{key[:64]!r}]: {problem}"
+    return None
+
+
 def _resources(r: Any) -> Problem:
     swap, memory = r.memory_swap_limit_in_bytes, r.memory_limit_in_bytes
     if swap > 0 and not memory:
@@ -423,6 +436,7 @@ MESSAGE_RULES: dict[str, Check] = {
     "LinuxSandboxSecurityContext": _security_context,
     "LinuxContainerSecurityContext": _security_context,
     "Device": _device,
+    "ContainerConfig": _cdi_annotations,
     "LinuxContainerResources": _resources,
     "LinuxPodSandboxConfig": _pod_linux,
 }
