@@ -90,6 +90,16 @@ class StreamingConfig:
 
 
 @dataclass
+class ListsConfig:
+    """How the Stream* lists (StreamContainers, StreamImages, ...) chunk their answer:
+    a message holds at most `stream_chunk_items` entries and about `stream_chunk_bytes`
+    serialized, far below the 16 MiB a gRPC client receives by default."""
+
+    stream_chunk_items: int = 1000
+    stream_chunk_bytes: int = 4 << 20
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -113,6 +123,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    lists: ListsConfig = field(default_factory=ListsConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -217,6 +228,10 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"streaming.{f.name}: must be positive")
     if cfg.streaming.max_pending > cfg.streaming.max_connections:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
+    if not 1 <= cfg.lists.stream_chunk_items <= 10_000:
+        raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
+    if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
+        raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
