@@ -218,6 +218,29 @@ BAD: list[tuple[str, object, str]] = [
      "config.linux.cgroup_parent: has a path component longer than 255"),
     ("relative read-only path", csc(readonly_paths=["9" * 10]),
      "security_context.readonly_paths[0]: must be an absolute path"),
+    # pod overhead and pod-level resources (issue 15)
+    ("pod memory below the floor", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20))),
+     "config.linux.resources.memory_limit_in_bytes: 1048576 is outside"),
+    ("negative overhead memory", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-5))),
+     "config.linux.overhead.memory_limit_in_bytes: -5 is outside"),
+    ("overhead quota below 1 ms", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(cpu_quota=10, cpu_period=100000))),
+     "config.linux.overhead.cpu_quota: 10 is outside"),
+    ("pod cpu period over 1 s", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpu_period=2_000_000))),
+     "config.linux.resources.cpu_period: 2000000 is outside"),
+    ("pod shares over the kernel's", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpu_shares=300_000))),
+     "config.linux.resources.cpu_shares: 300000 is outside"),
+    ("pod-level cpuset", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpuset_cpus="0"))),
+     "config.linux.resources.cpuset_cpus: a pod-level limit can only be one of"),
+    ("overhead huge pages", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
+            page_size="2MB", limit=1)]))),
+     "config.linux.overhead.hugepage_limits: a pod-level limit can only be one of"),
 ]
 
 
@@ -297,6 +320,12 @@ GOOD: list[tuple[str, object]] = [
         resources=pb.LinuxContainerResources(cpuset_cpus="0-1,3", cpuset_mems="0",
                                              hugepage_limits=[pb.HugepageLimit(
                                                  page_size="2MB", limit=0)])))),
+    ("kubelet pod overhead and resources", run(linux=pb.LinuxPodSandboxConfig(
+        cgroup_parent="/kubepods/burstable/pod1",
+        overhead=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=1000, cpu_shares=10,
+                                            memory_limit_in_bytes=5 << 20),
+        resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=-1, cpu_shares=2,
+                                             memory_limit_in_bytes=64 << 20)))),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]

@@ -42,7 +42,7 @@ from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
-from pycri.oci import mounts, seccomp, spec
+from pycri.oci import mounts, seccomp, selinux, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
@@ -96,6 +96,38 @@ def parse_signal(name: str) -> int:
         return int(signal.Signals[sig])
     except KeyError:
         raise InvalidArgument(f"unknown stop signal {name!r}") from None
+
+
+_RT_PLUS, _RT_MINUS = "SIGRTMINPLUS", "SIGRTMAXMINUS"
+
+
+def signal_of_cri(value: int) -> str:
+    """A CRI `Signal` (ContainerConfig.stop_signal) as the number parse_signal takes;
+    "" for RUNTIME_DEFAULT (the image's STOPSIGNAL, else SIGTERM)."""
+    if not value:
+        return ""
+    name = pb.Signal.Name(value).removeprefix("SIGNAL_")
+    if name.startswith(_RT_PLUS):
+        return str(signal.SIGRTMIN + int(name.removeprefix(_RT_PLUS)))
+    if name.startswith(_RT_MINUS):
+        return str(signal.SIGRTMAX - int(name.removeprefix(_RT_MINUS)))
+    return str(int(signal.Signals[name]))
+
+
+def cri_signal(signum: int) -> int:
+    """The CRI `Signal` of a signal number (ContainerStatus.stop_signal); real-time
+    signals by their distance from SIGRTMIN or SIGRTMAX, as the CRI names them."""
+    lo, hi = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
+    if lo < signum <= lo + 15:
+        name = f"{_RT_PLUS}{signum - lo}"
+    elif hi - 14 <= signum < hi:
+        name = f"{_RT_MINUS}{hi - signum}"
+    else:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            return pb.SIGNAL_RUNTIME_DEFAULT
+    return pb.Signal.Value(f"SIGNAL_{name}")
 
 
 class ContainerManager:
@@ -281,7 +313,8 @@ class ContainerManager:
             volumes |= await asyncio.to_thread(self._stage_recursive_readonly, c)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
-            c.stop_signal = image.stop_signal
+            # The pod spec's stop signal (ContainerConfig.stop_signal) over the image's.
+            c.stop_signal = signal_of_cri(config.stop_signal) or image.stop_signal
             parse_signal(c.stop_signal)
             user, profile = await asyncio.to_thread(self._read_identity, c, image, rootfs)
             c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
@@ -380,7 +413,10 @@ class ContainerManager:
             devices=devices,
             host_devices=mounts.host_devices() if sc.privileged else (),
             mount_sources=sources,
+            selinux_enabled=self.sandboxes.selinux,
         )
+        if not self.sandboxes.selinux:
+            selinux.ignored(f"container {c.id}", selinux.container_fields(config))
         return spec.container_spec(config, sb.config, image, ctx)
 
     def _pid_ns(self, c: Container, sb: Sandbox) -> str | None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
-from pycri.oci import bindopts
+from pycri.oci import bindopts, selinux
 from pycri.oci import seccomp as seccomp_mod
 from pycri.oci.users import ResolvedUser
 
@@ -121,6 +121,16 @@ _PROPAGATION = {
 }
 
 ANNOTATION_PREFIX = "io.kubernetes.cri."
+# The pod-level resources a VM-based handler sizes its sandbox by (containerd's names and
+# meaning: LinuxPodSandboxConfig.resources, the sum of the containers' limits).
+SANDBOX_RESOURCE_ANNOTATIONS = {
+    ANNOTATION_PREFIX + "sandbox-cpu-period": "cpu_period",
+    ANNOTATION_PREFIX + "sandbox-cpu-quota": "cpu_quota",
+    ANNOTATION_PREFIX + "sandbox-cpu-shares": "cpu_shares",
+    ANNOTATION_PREFIX + "sandbox-memory": "memory_limit_in_bytes",
+}
+CFS_PERIOD = 100_000  # µs, the kernel's default (and the kubelet's) CFS period
+MAX_CPU_SHARES = 262_144
 
 
 @dataclass(frozen=True)
@@ -234,6 +244,7 @@ class ContainerContext:
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
     rlimits: Sequence[Rlimit] = ()
+    selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,7 @@ class SandboxContext:
     available_capabilities: Sequence[str] = ALL_CAPABILITIES
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
+    selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
 
 
 # ---------------------------------------------------------------- small rules
@@ -386,6 +398,25 @@ def cgroups_path(parent: str, driver: str, object_id: str) -> str:
             )
         return f"{slice_}:pycri:{object_id}"
     raise InvalidArgument(f"unknown cgroup driver {driver!r}")
+
+
+def pod_limits(linux: pb.LinuxPodSandboxConfig) -> dict[str, Any]:
+    """OCI-style cpu/memory limits of a pod cgroup pycri creates itself: the pod-level
+    `resources` plus the handler's `overhead`, as the kubelet sizes the pod cgroups it
+    owns. A limit the pod does not set stays unset: overhead alone bounds nothing.
+    """
+    res, ovh = linux.resources, linux.overhead
+    cpu: dict[str, Any] = {}
+    if res.cpu_shares > 0:
+        cpu["shares"] = min(MAX_CPU_SHARES, res.cpu_shares + max(0, ovh.cpu_shares))
+    if res.cpu_quota > 0:
+        period = res.cpu_period or CFS_PERIOD
+        extra = ovh.cpu_quota * period // (ovh.cpu_period or CFS_PERIOD) if ovh.cpu_quota > 0 else 0
+        cpu["quota"], cpu["period"] = res.cpu_quota + extra, period
+    out: dict[str, Any] = {"cpu": cpu} if cpu else {}
+    if res.memory_limit_in_bytes > 0:
+        out["memory"] = {"limit": res.memory_limit_in_bytes + max(0, ovh.memory_limit_in_bytes)}
+    return out
 
 
 def resources_to_oci(res: pb.LinuxContainerResources) -> dict[str, Any]:
@@ -710,6 +741,23 @@ def _user(u: ResolvedUser) -> dict[str, Any]:
     return out
 
 
+def _selinux_labels(
+    process: dict[str, Any], linux: dict[str, Any], options: pb.SELinuxOption
+) -> None:
+    """process.selinuxLabel and linux.mountLabel from the request's SELinux options."""
+    process["selinuxLabel"] = selinux.process_label(options)
+    linux["mountLabel"] = selinux.mount_label(options)
+
+
+def _relabel(entries: list[dict[str, Any]], mounts: Sequence[pb.Mount]) -> None:
+    """`z` (shared relabel) on the binds whose CRI mount asks for it; an image volume is
+    a read-only view that cannot be relabelled. `entries` are cri_mounts' output, one per
+    CRI mount in the same order."""
+    for entry, m in zip(entries, mounts, strict=True):
+        if m.selinux_relabel and not m.image.image:
+            entry["options"].append("z")
+
+
 # ---------------------------------------------------------------- the specs
 
 
@@ -752,6 +800,8 @@ def container_spec(
         process["apparmorProfile"] = aa
 
     user_mounts, rootfs_propagation = cri_mounts(config.mounts, ctx.mount_sources)
+    if ctx.selinux_enabled:
+        _relabel(user_mounts, config.mounts)
     defaults = _base_mounts(privileged, ctx.shm_path) + _pod_file_mounts(ctx, sc.readonly_rootfs)
 
     devices = list(ctx.devices)
@@ -772,6 +822,12 @@ def container_spec(
     }
     if rootfs_propagation:
         linux["rootfsPropagation"] = rootfs_propagation
+    if ctx.selinux_enabled:  # the container's own options, else the pod's
+        pod_sc = sandbox.linux.security_context
+        if sc.HasField("selinux_options"):
+            _selinux_labels(process, linux, sc.selinux_options)
+        elif pod_sc.HasField("selinux_options"):
+            _selinux_labels(process, linux, pod_sc.selinux_options)
     if not privileged:
         linux["maskedPaths"] = list(sc.masked_paths or DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(sc.readonly_paths or DEFAULT_READONLY_PATHS)
@@ -866,6 +922,8 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
         "resources": {"devices": [{"allow": privileged, "access": "rwm"}]},
         "sysctl": dict(config.linux.sysctls),
     }
+    if ctx.selinux_enabled and sc.HasField("selinux_options"):
+        _selinux_labels(process, linux, sc.selinux_options)
     if not privileged:
         linux["maskedPaths"] = list(DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(DEFAULT_READONLY_PATHS)
@@ -883,6 +941,10 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
             ANNOTATION_PREFIX + "sandbox-log-directory": config.log_directory,
         }
     )
+    if config.linux.HasField("resources"):
+        res = config.linux.resources
+        for key, name in SANDBOX_RESOURCE_ANNOTATIONS.items():
+            annotations[key] = str(getattr(res, name))
     spec: dict[str, Any] = {
         "ociVersion": OCI_VERSION,
         "process": process,

@@ -41,10 +41,10 @@ from pycri.network import (
 )
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
-from pycri.oci import seccomp, spec
+from pycri.oci import seccomp, selinux, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
-from pycri.sandbox import podfiles
+from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
 
@@ -129,6 +129,7 @@ class SandboxManager:
         self.state_root = Path(cfg.state) / "sandboxes"
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
         self.capabilities = own_capabilities()
+        self.selinux = selinux.enabled()
 
     # -- lookup ------------------------------------------------------------------
 
@@ -231,6 +232,7 @@ class SandboxManager:
             undo.callback(shutil.rmtree, state_dir, True)
             podfiles.write_pod_files(pod_dir, config, sb.host_network)
             undo.callback(shutil.rmtree, pod_dir, True)
+        await self._pod_cgroup(sb, undo)
         shm = self.shm_path(sb)
         if shm is not None:
             async with step("mounting /dev/shm"):
@@ -267,6 +269,24 @@ class SandboxManager:
             await self.launcher.start(sb.id, sb.handler)
             sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
 
+    async def _pod_cgroup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
+        """A pod without a cgroup_parent that sets pod-level limits gets a pod cgroup of
+        pycri's own, holding them (podcgroup.py); one the kubelet names is never written."""
+        limits = spec.pod_limits(sb.config.linux)
+        if not limits or sb.config.linux.cgroup_parent:
+            return
+        if self.cfg.cgroup_driver != "cgroupfs":
+            log.info("pod %s: pod-level limits only reach the handler (annotations): "
+                     "pycri makes no pod cgroup under the %s driver", sb.id,
+                     self.cfg.cgroup_driver)
+            return
+        async with step("creating the pod cgroup"):
+            sb.cgroup_parent, sb.own_cgroup = podcgroup.path_for(sb.id), True
+            self._save(sb)  # first: a crash during the create leaves it to RemovePodSandbox
+            undo.push_async_callback(asyncio.to_thread, podcgroup.remove, sb.cgroup_parent,
+                                     sb.id)
+            await asyncio.to_thread(podcgroup.create, sb.cgroup_parent, limits)
+
     async def _pause_rootfs(self, sb: Sandbox) -> tuple[spec.ImageConfig, Path]:
         """The configured pause image's rootfs (pulled on first use; pinned by config)."""
         ref = self.cfg.pause_image
@@ -299,7 +319,10 @@ class SandboxManager:
             cgroup_driver=self.cfg.cgroup_driver,
             min_oom_score_adj=self.min_oom_score_adj,
             available_capabilities=self.capabilities,
+            selinux_enabled=self.selinux,
         )
+        if not self.selinux:
+            selinux.ignored(f"pod sandbox {sb.id}", selinux.sandbox_fields(config))
         doc = spec.sandbox_spec(config, ctx)
         if image is not None:  # a pause image is as untrusted as any other image
             pin_mount_destinations(str(rootfs), doc)
@@ -392,6 +415,8 @@ class SandboxManager:
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
                 await self.images.remove_rootfs(sb.id)
+            if sb.own_cgroup:
+                await asyncio.to_thread(podcgroup.remove, sb.cgroup_parent, sb.id)
             shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
             self._forget(sb)

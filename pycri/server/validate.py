@@ -257,6 +257,16 @@ RANGES: dict[tuple[str, str], Check] = {
     ("LinuxSandboxSecurityContext", "run_as_group"): _UID,
     ("LinuxSandboxSecurityContext", "supplemental_groups"): _UID,
 }
+# A handler's overhead is what it uses itself, however small: no memory floor.
+RANGES.update({("PodOverhead", f): RANGES[("LinuxContainerResources", f)]
+               for f in ("cpu_shares", "cpu_period", "cpu_quota")})
+RANGES[("PodOverhead", "memory_limit_in_bytes")] = _NON_NEGATIVE
+
+# (message, field) -> the rule name a sub-message reached through that field is checked
+# by, where it means something else there than its type does elsewhere.
+CHECKED_AS: dict[tuple[str, str], str] = {
+    ("LinuxPodSandboxConfig", "overhead"): "PodOverhead",
+}
 
 def _port_mapping(pm: Any) -> Problem:
     if pm.host_port and not pm.container_port:
@@ -316,13 +326,31 @@ def _pod_sysctls(linux: Any) -> Problem:
     return None
 
 
+# What a pod's cgroup takes: the four values the kubelet computes for a pod (and
+# containerd's sandbox annotations carry); anything else would be silently dropped.
+POD_LEVEL_RESOURCES = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes")
+
+
+def _pod_resources(linux: Any) -> Problem:
+    for name in ("overhead", "resources"):
+        for f, _ in getattr(linux, name).ListFields():
+            if f.name not in POD_LEVEL_RESOURCES:
+                return (f"{name}.{f.name}: a pod-level limit can only be one of "
+                        f"{', '.join(POD_LEVEL_RESOURCES)}")
+    return None
+
+
+def _pod_linux(linux: Any) -> Problem:
+    return _pod_sysctls(linux) or _pod_resources(linux)
+
+
 # Message -> a check across its fields (after each field passed its own checks).
 MESSAGE_RULES: dict[str, Check] = {
     "PortMapping": _port_mapping,
     "Mount": _mount,
     "Device": _device,
     "LinuxContainerResources": _resources,
-    "LinuxPodSandboxConfig": _pod_sysctls,
+    "LinuxPodSandboxConfig": _pod_linux,
 }
 
 # Request -> dotted paths that must be set for the RPC to mean anything.
@@ -362,20 +390,21 @@ def _lookup(msg: Any, path: str) -> Any:
     return msg
 
 
-def _walk(msg: Message, prefix: str) -> None:
+def _walk(msg: Message, prefix: str, as_name: str = "") -> None:
     desc = msg.DESCRIPTOR
+    name = as_name or desc.name
     for field, value in msg.ListFields():
         where = prefix + field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            _check_map(desc.name, field, value, where)
+            _check_map(name, field, value, where)
         elif field.is_repeated:
             if len(value) > MAX_ITEMS:
                 raise InvalidArgument(f"{where}: more than {MAX_ITEMS} entries")
             for i, item in enumerate(value):
-                _check_value(desc.name, field.name, field, item, f"{where}[{i}]")
+                _check_value(name, field.name, field, item, f"{where}[{i}]")
         else:
-            _check_value(desc.name, field.name, field, value, where)
-    rule = MESSAGE_RULES.get(desc.name)
+            _check_value(name, field.name, field, value, where)
+    rule = MESSAGE_RULES.get(name)
     if rule is not None and (problem := rule(msg)):
         raise InvalidArgument(f"{prefix}{problem}")
 
@@ -407,7 +436,7 @@ def _check_value(
         if rng is not None and "value" in field.message_type.fields_by_name:
             problem = rng(value.value)  # a wrapper such as Int64Value
         else:
-            _walk(value, where + ".")
+            _walk(value, where + ".", CHECKED_AS.get((message, name), ""))
     elif field.type == FieldDescriptor.TYPE_STRING:
         problem = _string_problem(value, _kind(message, name))
     elif field.enum_type is not None:
