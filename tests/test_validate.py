@@ -241,6 +241,18 @@ BAD: list[tuple[str, object, str]] = [
         overhead=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
             page_size="2MB", limit=1)]))),
      "config.linux.overhead.hugepage_limits: a pod-level limit can only be one of"),
+    # pod resize (issue 11): what RunPodSandbox takes, and a pod to resize
+    ("resize of no pod", pb.UpdatePodSandboxResourcesRequest(
+        resources=pb.LinuxContainerResources(cpu_shares=2)), "pod_sandbox_id: must be set"),
+    ("resize below the memory floor", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20)),
+     "resources.memory_limit_in_bytes: 1048576 is outside"),
+    ("resize with negative overhead", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-1)),
+     "overhead.memory_limit_in_bytes: -1 is outside"),
+    ("resize of a pod's cpuset", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(cpuset_mems="0")),
+     "resources.cpuset_mems: a pod-level limit can only be one of"),
 ]
 
 
@@ -326,6 +338,11 @@ GOOD: list[tuple[str, object]] = [
                                             memory_limit_in_bytes=5 << 20),
         resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=-1, cpu_shares=2,
                                              memory_limit_in_bytes=64 << 20)))),
+    ("kubelet pod resize", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab12",
+        overhead=pb.LinuxContainerResources(cpu_quota=1000, memory_limit_in_bytes=5 << 20),
+        resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=200000,
+                                             cpu_shares=204, memory_limit_in_bytes=128 << 20))),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]

@@ -92,6 +92,17 @@ class SandboxRPCs:
             items=self._sandbox_items.all(found)
         )
 
+    @rpc
+    async def UpdatePodSandboxResources(
+        self, request: pb.UpdatePodSandboxResourcesRequest, context: Ctx
+    ) -> pb.UpdatePodSandboxResourcesResponse:
+        await self.sandboxes.update_resources(
+            request.pod_sandbox_id,
+            request.overhead if request.HasField("overhead") else None,
+            request.resources if request.HasField("resources") else None,
+        )
+        return pb.UpdatePodSandboxResourcesResponse()
+
     StreamPodSandboxes = streamed_list(
         "StreamPodSandboxes", ListPodSandbox, pb.ListPodSandboxRequest, "items",
         pb.StreamPodSandboxesResponse, "pod_sandboxes",
