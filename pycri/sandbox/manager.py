@@ -449,28 +449,36 @@ class SandboxManager:
                 config.linux.ClearField(name)
                 if value is not None:
                     getattr(config.linux, name).CopyFrom(value)
+            old = sb.config
             if sb.own_cgroup:
-                await self._resize_pod_cgroup(sb, spec.pod_limits(config.linux))
+                try:
+                    await asyncio.to_thread(podcgroup.update, sb.cgroup_parent,
+                                            spec.pod_limits(config.linux))
+                except OSError as e:
+                    await self._restore_pod_limits(sb)
+                    raise FailedPrecondition(
+                        f"pod {sb.id}: the kernel refused the new pod-level limits "
+                        f"({e.filename}: {e.strerror}); the old ones stay") from None
             elif spec.pod_limits(config.linux):
                 log.info("pod %s: new pod-level limits recorded, not written: %s", sb.id,
                          "its cgroup_parent is the kubelet's" if sb.cgroup_parent
                          else "it has no pod cgroup of pycri's own")
             sb.config = config
-            self._save(sb)
-
-    async def _resize_pod_cgroup(self, sb: Sandbox, limits: dict[str, Any]) -> None:
-        try:
-            await asyncio.to_thread(podcgroup.update, sb.cgroup_parent, limits)
-        except OSError as e:
-            old = spec.pod_limits(sb.config.linux)
             try:
-                await asyncio.to_thread(podcgroup.update, sb.cgroup_parent, old)
-            except OSError as again:
-                log.error("pod %s: its old limits could not be restored: %s", sb.id, again)
-            raise FailedPrecondition(
-                f"pod {sb.id}: the kernel refused the new pod-level limits "
-                f"({e.filename}: {e.strerror}); the old ones stay"
-            ) from None
+                self._save(sb)
+            except BaseException:
+                sb.config = old
+                if sb.own_cgroup:
+                    await self._restore_pod_limits(sb)
+                raise
+
+    async def _restore_pod_limits(self, sb: Sandbox) -> None:
+        """Write the recorded limits back over a resize that did not complete."""
+        try:
+            await asyncio.to_thread(podcgroup.update, sb.cgroup_parent,
+                                    spec.pod_limits(sb.config.linux))
+        except OSError as e:
+            log.error("pod %s: its recorded limits could not be restored: %s", sb.id, e)
 
     # -- status / list ----------------------------------------------------------------
 
