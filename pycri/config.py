@@ -17,6 +17,8 @@ from typing import Any
 
 import tomli_w
 
+from pycri import procs
+
 DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
 
 
@@ -68,7 +70,7 @@ class ImagesConfig:
 
 @dataclass
 class StreamingConfig:
-    """Bounds on the unauthenticated streaming port and on each SPDY session (issue 8)."""
+    """Bounds on the unauthenticated streaming port and on each SPDY or WebSocket session."""
 
     # Connections of any kind, and those still sending their request head (no token yet).
     max_connections: int = 512
@@ -87,6 +89,15 @@ class StreamingConfig:
     # connections); clamped so at least `fd_reserve` of RLIMIT_NOFILE stay for the rest.
     max_fds: int = 8192
     fd_reserve: int = 1024
+
+
+@dataclass
+class HelpersConfig:
+    """Helper processes pycri starts itself (runtime CLI calls, CNI plugins, conmon)."""
+
+    # How many run at once; more wait their turn. A burst of forks on the event loop
+    # (hundreds of `runtime state` at recovery) starves it and floods it with exits.
+    max_concurrent: int = procs.DEFAULT_MAX_CONCURRENT
 
 
 @dataclass
@@ -123,6 +134,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    helpers: HelpersConfig = field(default_factory=HelpersConfig)
     lists: ListsConfig = field(default_factory=ListsConfig)
 
     # Paths derived from root/state; the only place that lays them out.
@@ -228,6 +240,8 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"streaming.{f.name}: must be positive")
     if cfg.streaming.max_pending > cfg.streaming.max_connections:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
+    if cfg.helpers.max_concurrent < 1:
+        raise ConfigError("helpers.max_concurrent: must be at least 1")
     if not 1 <= cfg.lists.stream_chunk_items <= 10_000:
         raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
     if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
@@ -286,6 +300,7 @@ __all__ = [
     "CNIConfig",
     "Config",
     "ConfigError",
+    "HelpersConfig",
     "ImagesConfig",
     "RuntimeHandler",
     "StreamingConfig",
