@@ -111,6 +111,16 @@ class CDIConfig:
 
 
 @dataclass
+class ListsConfig:
+    """How the Stream* lists (StreamContainers, StreamImages, ...) chunk their answer:
+    a message holds at most `stream_chunk_items` entries and about `stream_chunk_bytes`
+    serialized, far below the 16 MiB a gRPC client receives by default."""
+
+    stream_chunk_items: int = 1000
+    stream_chunk_bytes: int = 4 << 20
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -136,6 +146,7 @@ class Config:
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     helpers: HelpersConfig = field(default_factory=HelpersConfig)
     cdi: CDIConfig = field(default_factory=CDIConfig)
+    lists: ListsConfig = field(default_factory=ListsConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -248,6 +259,10 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
     for key in ("max_spec_bytes", "max_spec_files"):
         if getattr(cfg.cdi, key) <= 0:
             raise ConfigError(f"cdi.{key}: must be positive")
+    if not 1 <= cfg.lists.stream_chunk_items <= 10_000:
+        raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
+    if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
+        raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.

@@ -158,7 +158,7 @@ class Daemon:
         pb_grpc.add_RuntimeServiceServicer_to_server(
             RuntimeServicer(node, sandboxes, containers, streaming), server
         )
-        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images), server)
+        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, cfg.lists), server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()

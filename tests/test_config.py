@@ -75,6 +75,8 @@ def test_validation_names_the_key(change: dict[str, str], message: str) -> None:
         ("[streaming]\nheader_timeout = -1\n", "streaming.header_timeout: must be positive"),
         ("[streaming]\nmax_pending = 600\n", "streaming.max_pending: must not exceed"),
         ("[streaming]\nmax_fds = 'many'\n", "streaming.max_fds: expected int"),
+        ("[lists]\nstream_chunk_items = 0\n", "lists.stream_chunk_items: must be within"),
+        ("[lists]\nstream_chunk_bytes = 33554432\n", "lists.stream_chunk_bytes: must be within"),
     ],
 )
 def test_streaming_bounds_are_checked(tmp_path: Path, text: str, message: str) -> None:

@@ -257,6 +257,18 @@ BAD: list[tuple[str, object, str]] = [
      "config.annotations['cdi.k8s.io/plugin_dev']: CDI device 'gpu1' is not"),
     ("CDI annotation empty", ctr(annotations={"cdi.k8s.io/x": ""}),
      "CDI device '' is not vendor.com/class=name"),
+    # pod resize (issue 11): what RunPodSandbox takes, and a pod to resize
+    ("resize of no pod", pb.UpdatePodSandboxResourcesRequest(
+        resources=pb.LinuxContainerResources(cpu_shares=2)), "pod_sandbox_id: must be set"),
+    ("resize below the memory floor", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20)),
+     "resources.memory_limit_in_bytes: 1048576 is outside"),
+    ("resize with negative overhead", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-1)),
+     "overhead.memory_limit_in_bytes: -1 is outside"),
+    ("resize of a pod's cpuset", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(cpuset_mems="0")),
+     "resources.cpuset_mems: a pod-level limit can only be one of"),
 ]
 
 
@@ -350,6 +362,11 @@ GOOD: list[tuple[str, object]] = [
         CDI_devices=[pb.CDIDevice(name="nvidia.com/gpu=0"), pb.CDIDevice(name="v.io/c.x=a:b")],
         annotations={"cdi.k8s.io/vendor.gpu_0": "nvidia.com/gpu=1,nvidia.com/gpu=all",
                      "other.io/cdi": "not a device"})),
+    ("kubelet pod resize", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab12",
+        overhead=pb.LinuxContainerResources(cpu_quota=1000, memory_limit_in_bytes=5 << 20),
+        resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=200000,
+                                             cpu_shares=204, memory_limit_in_bytes=128 << 20))),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, overload
 
 import grpc
@@ -76,17 +76,46 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
                 log.info("%s: the client went away; finishing the call anyway", name)
                 work.add_done_callback(functools.partial(_finished_alone, name))
             raise
-        except errors.PycriError as e:
-            log.info("%s failed: %s", name, e)
-            await context.abort(status_code(e), str(e))
         except grpc.aio.AbortError:
             raise
         except Exception as e:
-            log.exception("%s: unexpected error", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
+            await _abort(name, e, context)
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
+
+
+StreamHandler = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
+
+
+def stream_rpc(fn: StreamHandler[R]) -> StreamHandler[R]:
+    """`@rpc` for a server-streaming method: the same gate, log line and error mapping.
+    Nothing to shield: a streamed list has no work left to finish when its client goes."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[R]:
+        log.debug("%s %s", name, _short(request))
+        try:
+            check_request(request)
+            async for msg in fn(self, request, context):
+                yield msg
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            await _abort(name, e, context)
+
+    return wrapper
+
+
+async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext) -> None:
+    """End the call with the status of `e`: its code for a domain error, else INTERNAL."""
+    if isinstance(e, errors.PycriError):
+        log.info("%s failed: %s", name, e)
+        await context.abort(status_code(e), str(e))
+    log.exception("%s: unexpected error", name)
+    await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
 
 
 async def checked(fn: Handler[R], self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:

@@ -46,6 +46,7 @@ class RuntimeServicer(
         self.sandboxes = sandboxes
         self.containers = containers
         self.streaming = streaming
+        self.list_chunks = node.cfg.lists  # how the Stream* lists cut their answer
 
     @rpc
     async def Version(self, request: pb.VersionRequest, context: Ctx) -> pb.VersionResponse:

@@ -9,6 +9,7 @@ from pycri.sandbox.manager import SandboxManager
 from pycri.sandbox.model import Sandbox
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
+from pycri.server.streamed import streamed_list
 
 Ctx = grpc.aio.ServicerContext
 
@@ -90,3 +91,19 @@ class SandboxRPCs:
         return pb.ListPodSandboxResponse(
             items=self._sandbox_items.all(found)
         )
+
+    @rpc
+    async def UpdatePodSandboxResources(
+        self, request: pb.UpdatePodSandboxResourcesRequest, context: Ctx
+    ) -> pb.UpdatePodSandboxResourcesResponse:
+        await self.sandboxes.update_resources(
+            request.pod_sandbox_id,
+            request.overhead if request.HasField("overhead") else None,
+            request.resources if request.HasField("resources") else None,
+        )
+        return pb.UpdatePodSandboxResourcesResponse()
+
+    StreamPodSandboxes = streamed_list(
+        "StreamPodSandboxes", ListPodSandbox, pb.ListPodSandboxRequest, "items",
+        pb.StreamPodSandboxesResponse, "pod_sandboxes",
+    )

@@ -269,6 +269,7 @@ RANGES[("PodOverhead", "memory_limit_in_bytes")] = _NON_NEGATIVE
 # by, where it means something else there than its type does elsewhere.
 CHECKED_AS: dict[tuple[str, str], str] = {
     ("LinuxPodSandboxConfig", "overhead"): "PodOverhead",
+    ("UpdatePodSandboxResourcesRequest", "overhead"): "PodOverhead",
 }
 
 def _port_mapping(pm: Any) -> Problem:
@@ -439,6 +440,8 @@ MESSAGE_RULES: dict[str, Check] = {
     "ContainerConfig": _cdi_annotations,
     "LinuxContainerResources": _resources,
     "LinuxPodSandboxConfig": _pod_linux,
+    # A pod resize takes what RunPodSandbox takes.
+    "UpdatePodSandboxResourcesRequest": _pod_resources,
 }
 
 # Request -> dotted paths that must be set for the RPC to mean anything.
@@ -446,6 +449,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "RunPodSandboxRequest": ("config.metadata.name", "config.metadata.namespace",
                              "config.metadata.uid"),
     "CreateContainerRequest": ("pod_sandbox_id", "config.metadata.name"),
+    "UpdatePodSandboxResourcesRequest": ("pod_sandbox_id",),
     "ExecSyncRequest": ("container_id", "cmd"),
     "ExecRequest": ("container_id", "cmd"),
     "AttachRequest": ("container_id",),
