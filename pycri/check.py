@@ -6,6 +6,7 @@ and never raises, since the point is to report on a broken host.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri.checkpoint.support import probe_criu, probe_runtime
 from pycri.config import Config
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -133,6 +135,22 @@ def _disk(cfg: Config) -> Check:
     return Check("disk", True, detail)
 
 
+def _checkpoint(cfg: Config) -> Iterator[Check]:
+    """CRIU and each handler's checkpoint support: the same probes CheckpointContainer uses."""
+    c = cfg.checkpoint
+    criu = asyncio.run(probe_criu(c))
+    yield Check("checkpoint/restore (CRIU)", criu.problem is None, criu.problem or criu.detail,
+                "" if criu.problem is None else
+                "install a CRIU that supports this kernel (apt-get install criu), or set "
+                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then")
+    for name, h in cfg.runtimes.items():
+        if not os.access(h.path, os.X_OK):
+            continue  # reported by its own runtime check
+        rt = asyncio.run(probe_runtime(name, h.path, c.check_timeout))
+        yield Check(f"checkpoint with {name}", rt.problem is None, rt.problem or rt.detail,
+                    "" if rt.problem is None else f"use a {name} built with CRIU support")
+
+
 def run_checks(cfg: Config) -> list[Check]:
     producers: list[Callable[[], Check | Iterator[Check]]] = [
         *(
@@ -146,6 +164,7 @@ def run_checks(cfg: Config) -> list[Check]:
         _namespaces,
         lambda: _cni(cfg),
         lambda: _disk(cfg),
+        lambda: _checkpoint(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

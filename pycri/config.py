@@ -90,6 +90,16 @@ class StreamingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoint/restore with CRIU (CheckpointContainer, CheckpointPod, RestorePod)."""
+
+    # The criu binary the runtime is told to use; probed once (`criu check`) when first needed.
+    criu: str = "/usr/sbin/criu"
+    # Seconds `criu check` (and each runtime's checkpoint probe) may take.
+    check_timeout: float = 30.0
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -113,6 +123,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -217,6 +228,8 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"streaming.{f.name}: must be positive")
     if cfg.streaming.max_pending > cfg.streaming.max_connections:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
+    if cfg.checkpoint.check_timeout <= 0:
+        raise ConfigError("checkpoint.check_timeout: must be positive")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -269,6 +282,7 @@ def to_toml(cfg: Config) -> str:
 
 __all__ = [
     "CNIConfig",
+    "CheckpointConfig",
     "Config",
     "ConfigError",
     "ImagesConfig",

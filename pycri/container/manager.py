@@ -27,6 +27,7 @@ from google.protobuf import json_format
 
 from pycri import events
 from pycri.api import api_pb2 as pb
+from pycri.checkpoint.support import NOT_BUILT, CheckpointSupport, is_checkpoint_archive
 from pycri.config import Config
 from pycri.container.model import KIND, Container
 from pycri.errors import (
@@ -34,6 +35,7 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
+    Unimplemented,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
@@ -154,6 +156,7 @@ class ContainerManager:
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
+        self.checkpoint_support = CheckpointSupport(cfg)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -207,6 +210,9 @@ class ContainerManager:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
+        if is_checkpoint_archive(config.image.image):
+            await self.checkpoint_support.require(sb.handler)
+            raise Unimplemented(NOT_BUILT)
         config = _with_pod_namespaces(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
