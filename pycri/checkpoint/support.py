@@ -82,8 +82,8 @@ async def probe_runtime(name: str, path: str, timeout: float) -> Probe:
     a runtime without a `checkpoint` command fails its help."""
     try:
         _, version = await _run([path, "--version"], timeout)
+        first = version.splitlines()[0] if version.strip() else path
         if version.startswith("crun") and "+CRIU" not in version:
-            first = version.splitlines()[0] if version else "crun"
             return Probe(f"runtime handler {name!r} ({first}) was built without CRIU "
                          "(no +CRIU in `crun --version`)", first)
         code, output = await _run([path, "checkpoint", "--help"], timeout)
@@ -91,7 +91,6 @@ async def probe_runtime(name: str, path: str, timeout: float) -> Probe:
         return Probe(f"runtime handler {name!r} ({path}) did not answer within {timeout:g}s")
     except OSError as e:
         return Probe(f"runtime handler {name!r} ({path}) cannot be run: {e}")
-    first = version.splitlines()[0] if version else path
     if code != 0:
         return Probe(f"runtime handler {name!r} ({first}) has no checkpoint command: "
                      f"{_reason(output)}", first)
@@ -118,7 +117,13 @@ class CheckpointSupport:
     async def require(self, handler: str) -> None:
         """Return if containers of `handler` can be checkpointed and restored here."""
         keys = ["criu"] + ([handler] if handler in self.cfg.runtimes else [])
-        probes = [await asyncio.shield(self._probe(k)) for k in keys]
+        probes = []
+        for key in keys:
+            try:
+                probes.append(await asyncio.shield(self._probe(key)))
+            except Exception:
+                self._probes.pop(key, None)  # an unexpected failure is not an answer to keep
+                raise
         problems = [p.problem for p in probes if p.problem]
         if problems:
             raise FailedPrecondition("checkpoint/restore cannot work on this node: "
