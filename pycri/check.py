@@ -28,6 +28,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # A feature the node runs without (checkpoint/restore): reported, but not a failure.
+    optional: bool = False
 
 
 def _version(path: str) -> str:
@@ -142,13 +144,15 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
     yield Check("checkpoint/restore (CRIU)", criu.problem is None, criu.problem or criu.detail,
                 "" if criu.problem is None else
                 "install a CRIU that supports this kernel (apt-get install criu), or set "
-                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then")
+                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then",
+                optional=True)
     for name, h in cfg.runtimes.items():
         if not os.access(h.path, os.X_OK):
             continue  # reported by its own runtime check
         rt = asyncio.run(probe_runtime(name, h.path, c.check_timeout))
         yield Check(f"checkpoint with {name}", rt.problem is None, rt.problem or rt.detail,
-                    "" if rt.problem is None else f"use a {name} built with CRIU support")
+                    "" if rt.problem is None else f"use a {name} built with CRIU support",
+                    optional=True)
 
 
 def run_checks(cfg: Config) -> list[Check]:

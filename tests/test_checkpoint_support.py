@@ -5,6 +5,8 @@ and runtimes, with failures injected through stand-in binaries: a missing criu, 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -134,6 +136,19 @@ def test_pycri_check_reports_criu_and_each_runtime(tmp_path: Path) -> None:
     assert not criu_check.ok and "no time namespace here" in criu_check.detail
     assert "FailedPrecondition" in criu_check.fix
     assert results["checkpoint with runc"].ok
+
+
+def test_pycri_check_warns_but_does_not_fail_for_checkpointing(tmp_path: Path) -> None:
+    """A node without CRIU is a good CRI node: the CLI says [warn], and its exit status
+    still reflects only the checks a node needs."""
+    criu, _ = failing_criu(tmp_path)
+    config = tmp_path / "pycri.toml"
+    config.write_text(f'[checkpoint]\ncriu = "{criu}"\n')
+    out = subprocess.run([sys.executable, "-m", "pycri", "check", "--config", str(config)],
+                         capture_output=True, text=True, timeout=120)
+    assert "[warn] checkpoint/restore (CRIU): " in out.stdout
+    assert "no time namespace here" in out.stdout
+    assert out.returncode == (1 if "[FAIL]" in out.stdout else 0), out.stdout
 
 
 def test_check_timeout_must_be_positive(tmp_path: Path) -> None:
