@@ -6,6 +6,7 @@ and never raises, since the point is to report on a broken host.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri.checkpoint.support import probe_criu, probe_runtime
 from pycri.config import Config
 from pycri.oci import mounts, userns
 
@@ -27,6 +29,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # A feature the node runs without (checkpoint/restore): reported, but not a failure.
+    optional: bool = False
 
 
 def _version(path: str) -> str:
@@ -153,6 +157,24 @@ def _user_namespaces(cfg: Config) -> Iterator[Check]:
                         "pods with hostUsers: false can run (idmapped layers and volumes)")
 
 
+def _checkpoint(cfg: Config) -> Iterator[Check]:
+    """CRIU and each handler's checkpoint support: the same probes CheckpointContainer uses."""
+    c = cfg.checkpoint
+    criu = asyncio.run(probe_criu(c))
+    yield Check("checkpoint/restore (CRIU)", criu.problem is None, criu.problem or criu.detail,
+                "" if criu.problem is None else
+                "install a CRIU that supports this kernel (apt-get install criu), or set "
+                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then",
+                optional=True)
+    for name, h in cfg.runtimes.items():
+        if not os.access(h.path, os.X_OK):
+            continue  # reported by its own runtime check
+        rt = asyncio.run(probe_runtime(name, h.path, c.check_timeout))
+        yield Check(f"checkpoint with {name}", rt.problem is None, rt.problem or rt.detail,
+                    "" if rt.problem is None else f"use a {name} built with CRIU support",
+                    optional=True)
+
+
 def run_checks(cfg: Config) -> list[Check]:
     producers: list[Callable[[], Check | Iterator[Check]]] = [
         *(
@@ -167,6 +189,7 @@ def run_checks(cfg: Config) -> list[Check]:
         lambda: _cni(cfg),
         lambda: _disk(cfg),
         lambda: _user_namespaces(cfg),
+        lambda: _checkpoint(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

@@ -121,6 +121,16 @@ class ListsConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoint/restore with CRIU (CheckpointContainer, CheckpointPod, RestorePod)."""
+
+    # The criu binary the runtime is told to use; probed once (`criu check`) when first needed.
+    criu: str = "/usr/sbin/criu"
+    # Seconds `criu check` (and each runtime's checkpoint probe) may take.
+    check_timeout: float = 30.0
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -147,6 +157,7 @@ class Config:
     helpers: HelpersConfig = field(default_factory=HelpersConfig)
     cdi: CDIConfig = field(default_factory=CDIConfig)
     lists: ListsConfig = field(default_factory=ListsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -263,6 +274,8 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
     if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
         raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
+    if cfg.checkpoint.check_timeout <= 0:
+        raise ConfigError("checkpoint.check_timeout: must be positive")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -316,6 +329,7 @@ def to_toml(cfg: Config) -> str:
 __all__ = [
     "CDIConfig",
     "CNIConfig",
+    "CheckpointConfig",
     "Config",
     "ConfigError",
     "HelpersConfig",

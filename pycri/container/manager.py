@@ -31,6 +31,7 @@ from pycri.api import api_pb2 as pb
 from pycri.cdi import names as cdi_names
 from pycri.cdi import registry as cdi
 from pycri.cdi.schema import ContainerEdits
+from pycri.checkpoint.support import NOT_BUILT, CheckpointSupport, is_checkpoint_archive
 from pycri.config import Config
 from pycri.container.model import KIND, Container
 from pycri.errors import (
@@ -38,6 +39,7 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
+    Unimplemented,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
@@ -160,6 +162,7 @@ class ContainerManager:
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
         self.cdi = cdi.Registry(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
                                 cfg.cdi.max_spec_files)
+        self.checkpoint_support = CheckpointSupport(cfg)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -213,6 +216,9 @@ class ContainerManager:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
+        if is_checkpoint_archive(config.image.image):
+            await self.checkpoint_support.require(sb.handler)
+            raise Unimplemented(NOT_BUILT)
         config = _with_pod_namespaces(config, sb.config)
         _check_mount_maps(config, sb.config)
         image = self.images.status(config.image.image)

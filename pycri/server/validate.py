@@ -123,6 +123,14 @@ def _cgroup_parent(value: str) -> Problem:
     return _long_component(value)
 
 
+def _archive_path(value: str) -> Problem:
+    """A checkpoint archive's file: the daemon's working directory means nothing to a client."""
+    if value and not (value.startswith("/") and _normalised(value) and value != "/"):
+        return ("must be an absolute, normalised path naming a file (no '.', '..', '//' "
+                "or trailing '/')")
+    return _long_component(value)
+
+
 def _log_path(value: str) -> Problem:
     """Relative to the pod's log_directory, and staying inside it."""
     if not value:
@@ -205,6 +213,11 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("AuthConfig", "auth"): FREE_TEXT,
     ("AuthConfig", "identity_token"): FREE_TEXT,
     ("AuthConfig", "registry_token"): FREE_TEXT,
+    # Checkpoint archives: files pycri writes or reads, so absolute paths naming a file.
+    ("CheckpointContainerRequest", "location"): Kind(max_len=4096, check=_archive_path),
+    ("CheckpointPodRequest", "output_path"): Kind(max_len=4096, check=_archive_path),
+    ("RestorePodRequest", "checkpoint_path"): Kind(max_len=4096, check=_archive_path),
+    ("CheckpointPodRequest", "container_ids"): ID,
 }
 ID_FIELDS = ("container_id", "pod_sandbox_id", "target_id")
 FILTERS_WITH_IDS = ("ContainerFilter", "PodSandboxFilter", "ContainerStatsFilter",
@@ -253,6 +266,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("PortForwardRequest", "port"): _between(1, 65535),
     ("StopContainerRequest", "timeout"): _NON_NEGATIVE,
     ("ExecSyncRequest", "timeout"): _NON_NEGATIVE,
+    ("CheckpointContainerRequest", "timeout"): _NON_NEGATIVE,
     ("LinuxContainerSecurityContext", "run_as_user"): _UID,
     ("LinuxContainerSecurityContext", "run_as_group"): _UID,
     ("LinuxContainerSecurityContext", "supplemental_groups"): _UID,
@@ -457,6 +471,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "PullImageRequest": ("image.image",),
     "ImageStatusRequest": ("image.image",),
     "RemoveImageRequest": ("image.image",),
+    "CheckpointContainerRequest": ("container_id", "location"),
+    "CheckpointPodRequest": ("pod_sandbox_id", "output_path"),
+    "RestorePodRequest": ("checkpoint_path",),
 }
 
 
