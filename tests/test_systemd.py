@@ -6,6 +6,7 @@ activation, a listening socket of ours as fd 3, as systemd passes it).
 
 from __future__ import annotations
 
+import configparser
 import os
 import socket
 import sys
@@ -19,7 +20,7 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.systemd import ActivationError, Notifier, grpc_target, listen_socket
-from tests.conftest import PycriProcess
+from tests.conftest import REPO, PycriProcess
 
 
 def _receiver(addr: str) -> socket.socket:
@@ -183,3 +184,20 @@ def test_serve_on_a_socket_activated_listener(pycri_dirs: PycriProcess, tmp_path
         assert daemon.stop() == 0, daemon.log_text()
     assert public.exists(), "the activated socket is systemd's: pycri must not unlink it"
     assert not (daemon.state / "grpc.sock").exists()
+
+
+def test_unit_file_has_what_a_container_runtime_needs() -> None:
+    """The settings that keep pods alive across restarts and the daemon alive under load."""
+    unit = configparser.ConfigParser(interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(REPO / "contrib" / "systemd" / "pycri.service")
+    service = unit["Service"]
+    expected = {"Type": "notify", "KillMode": "process", "Delegate": "yes",
+                "OOMScoreAdjust": "-999", "Restart": "always"}
+    assert {k: service.get(k) for k in expected} == expected
+    assert int(service["LimitNOFILE"]) >= 1 << 20
+    assert int(service["WatchdogSec"]) > 0
+    assert service["ExecStart"].split()[1] == "serve"
+    sock = configparser.ConfigParser(interpolation=None)
+    sock.read(REPO / "contrib" / "systemd" / "pycri.socket")
+    assert sock["Socket"]["ListenStream"] == "/run/pycri/pycri.sock"
