@@ -185,9 +185,14 @@ class Daemon:
     async def wait_answering(self) -> None:
         """Return once the CRI socket answers Version: what READY=1 promises."""
         async with grpc.aio.insecure_channel(self._target) as channel:
-            await pb_grpc.RuntimeServiceStub(channel).Version(
-                pb.VersionRequest(), timeout=READY_PROBE_TIMEOUT, wait_for_ready=True
-            )
+            try:
+                await pb_grpc.RuntimeServiceStub(channel).Version(
+                    pb.VersionRequest(), timeout=READY_PROBE_TIMEOUT, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as e:
+                raise DaemonError(
+                    f"{self._target} does not answer Version: {e.code().name} {e.details()}"
+                ) from None
 
     async def stop(self) -> None:
         if self.proxy is not None:

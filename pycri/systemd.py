@@ -18,12 +18,16 @@ from collections.abc import MutableMapping
 log = logging.getLogger(__name__)
 
 LISTEN_FDS_START = 3  # SD_LISTEN_FDS_START
+MIN_WATCHDOG_INTERVAL = 0.05
 
 
-def _for_us(environ: MutableMapping[str, str], pid_key: str) -> bool:
-    """A *_PID variable, when set, must name this process (else a parent's was inherited)."""
+def _for_us(environ: MutableMapping[str, str], pid_key: str, required: bool) -> bool:
+    """A *_PID variable must name this process (else a parent's was inherited).
+
+    sd_listen_fds() requires LISTEN_PID; sd_watchdog_enabled() accepts no WATCHDOG_PID.
+    """
     pid = environ.pop(pid_key, "")
-    return not pid or pid == str(os.getpid())
+    return pid == str(os.getpid()) if pid or required else True
 
 
 class Notifier:
@@ -37,7 +41,7 @@ class Notifier:
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
         addr = environ.pop("NOTIFY_SOCKET", "")
         usec = environ.pop("WATCHDOG_USEC", "")
-        watchdog_ours = _for_us(environ, "WATCHDOG_PID")
+        watchdog_ours = _for_us(environ, "WATCHDOG_PID", required=False)
         self._addr = "\0" + addr[1:] if addr.startswith("@") else addr
         self._sock: socket.socket | None = None
         if self._addr:
@@ -45,7 +49,9 @@ class Notifier:
             self._sock.setblocking(False)
         self.watchdog_interval: float | None = None
         if self._sock is not None and watchdog_ours and usec.isdigit() and int(usec) > 0:
-            self.watchdog_interval = int(usec) / 2e6  # half the timeout, as sd_watchdog_enabled
+            # Half the timeout, as sd_watchdog_enabled() advises; a floor keeps a
+            # mistyped WatchdogSec from turning the pinger into a busy loop.
+            self.watchdog_interval = max(int(usec) / 2e6, MIN_WATCHDOG_INTERVAL)
         self._dropped = False
         self._watchdog: asyncio.Task[None] | None = None
 
@@ -90,7 +96,7 @@ def listen_socket(environ: MutableMapping[str, str] = os.environ) -> socket.sock
     runtime's listening socket.
     """
     count = environ.pop("LISTEN_FDS", "")
-    ours = _for_us(environ, "LISTEN_PID")
+    ours = _for_us(environ, "LISTEN_PID", required=True)
     environ.pop("LISTEN_FDNAMES", None)
     if not count or not ours:
         return None

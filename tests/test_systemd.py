@@ -19,6 +19,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.daemon import READY_PROBE_TIMEOUT
 from pycri.systemd import ActivationError, Notifier, grpc_target, listen_socket
 from tests.conftest import REPO, PycriProcess
 
@@ -80,6 +81,7 @@ def test_notify_never_blocks_on_a_full_queue(tmp_path: Path) -> None:
 
 def test_listen_socket_refuses_what_pycri_cannot_serve() -> None:
     assert listen_socket({}) is None
+    assert listen_socket({"LISTEN_FDS": "1"}) is None  # no LISTEN_PID: not for us
     assert listen_socket({"LISTEN_FDS": "1", "LISTEN_PID": str(os.getpid() + 1)}) is None
     with pytest.raises(ActivationError, match="exactly one"):
         listen_socket({"LISTEN_FDS": "2", "LISTEN_PID": str(os.getpid())})
@@ -145,6 +147,48 @@ def test_serve_notifies_ready_after_answering_watchdog_and_stopping(
         assert rest[-1] == b"STOPPING=1", rest  # no pings after it
 
 
+def _activated(daemon: PycriProcess, listener: socket.socket) -> PycriProcess:
+    """`daemon` started as systemd would: the listener as fd 3, LISTEN_PID its own pid."""
+    fd = listener.fileno()
+    wrapper = (
+        "import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3); "
+        "fd != 3 and os.close(fd); os.environ['LISTEN_PID'] = str(os.getpid()); "
+        "os.execv(sys.argv[2], sys.argv[2:])"
+    )
+    argv = daemon.argv()
+
+    class Activated(PycriProcess):
+        def argv(self) -> list[str]:
+            return [sys.executable, "-c", wrapper, str(fd), *argv]
+
+    return Activated(
+        root=daemon.root, state=daemon.state, socket=daemon.state / "grpc.sock",
+        config=daemon.config, log=daemon.log,
+        env={**os.environ, "LISTEN_FDS": "1"}, pass_fds=(fd,),
+    )
+
+
+@pytest.mark.e2e
+def test_activated_listener_nobody_can_reach_fails_start(
+    pycri_dirs: PycriProcess, tmp_path: Path
+) -> None:
+    """Its path unlinked, the socket answers no one: no READY=1, one line, exit 1."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(tmp_path / "gone.sock"))
+        listener.listen(4)
+        (tmp_path / "gone.sock").unlink()
+        daemon = _activated(pycri_dirs, listener)
+        daemon.start()  # its private grpc.sock answers; the READY probe then gives up
+        assert daemon.proc is not None
+        try:
+            status = daemon.proc.wait(timeout=READY_PROBE_TIMEOUT + 20)
+        finally:
+            daemon.kill()
+    assert status == 1, daemon.log_text()
+    assert "does not answer Version" in daemon.log_text()
+    assert not (daemon.state / "grpc.sock").exists()
+
+
 @pytest.mark.e2e
 def test_serve_on_a_socket_activated_listener(pycri_dirs: PycriProcess, tmp_path: Path) -> None:
     """fd 3 as systemd passes it: Version through it, and it is never unlinked."""
@@ -152,24 +196,7 @@ def test_serve_on_a_socket_activated_listener(pycri_dirs: PycriProcess, tmp_path
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(public))
     listener.listen(64)
-    fd = listener.fileno()
-    # systemd sets LISTEN_PID to the exec'd pid; a tiny exec wrapper does the same.
-    wrapper = (
-        "import os, sys; fd = int(sys.argv[1]); os.dup2(fd, 3); "
-        "fd != 3 and os.close(fd); os.environ['LISTEN_PID'] = str(os.getpid()); "
-        "os.execv(sys.argv[2], sys.argv[2:])"
-    )
-    argv = pycri_dirs.argv()
-
-    class Activated(PycriProcess):
-        def argv(self) -> list[str]:
-            return [sys.executable, "-c", wrapper, str(fd), *argv]
-
-    daemon = Activated(
-        root=pycri_dirs.root, state=pycri_dirs.state, socket=pycri_dirs.state / "grpc.sock",
-        config=pycri_dirs.config, log=pycri_dirs.log,
-        env={**os.environ, "LISTEN_FDS": "1"}, pass_fds=(fd,),
-    )
+    daemon = _activated(pycri_dirs, listener)
     daemon.start()
     listener.close()  # systemd's copy would stay; ours is no longer needed
     try:
