@@ -1,9 +1,10 @@
 """pycri built as a wheel and installed into a fresh venv works without the source tree.
 
 The venv gets pycri from the wheel only (`--no-deps`); its dependencies come from this
-interpreter's site-packages through a .pth line. Installing them from PyPI would take
-tens of seconds and need the network for what pip already verified here; the thing under
-test is pycri's own packaging (package data, entry point), not its dependency pins.
+interpreter's site-packages through a .pth line. Installing them from an index took
+25 s here (python-prctl compiles) and needs the network, for what pip already
+verified; the thing under test is pycri's own packaging (package data, entry point),
+not its dependency pins.
 The .pth adds a directory to sys.path without running that directory's own .pth files,
 so the editable pycri of the checkout never shadows the wheel (asserted below).
 """
