@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,22 @@ def _run(argv: list[str | Path], cwd: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _has_build_backend() -> bool:
+    """This venv's setuptools meets pyproject's `requires`: build offline with it.
+
+    Otherwise pip builds in isolation and fetches the backend (CI has an index).
+    """
+    try:
+        import setuptools
+    except ImportError:
+        return False
+    requires = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    (spec,) = [r for r in requires if r.startswith("setuptools>=")]
+    need = tuple(int(x) for x in spec.removeprefix("setuptools>=").split("."))
+    have = tuple(int(x) for x in setuptools.__version__.split(".")[: len(need)])
+    return have >= need
+
+
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv with pycri installed from a wheel built off a copy of the tree."""
@@ -51,12 +68,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "pycri", src / "pycri", ignore=shutil.ignore_patterns("__pycache__"))
-    try:
-        import setuptools  # noqa: F401  (offline build with the venv's own backend)
-
-        isolation = ["--no-build-isolation"]
-    except ImportError:
-        isolation = []  # let pip fetch the backend (CI has PyPI)
+    isolation = ["--no-build-isolation"] if _has_build_backend() else []
     build = _run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", tmp / "dist", src],
         cwd=tmp,
