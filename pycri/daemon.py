@@ -239,7 +239,7 @@ class Daemon:
             notifier.start_watchdog()
             await stop.wait()
             log.info("signal received; finishing in-flight calls")
-            notifier.notify("STOPPING=1")
+            notifier.stopping()
         finally:
             await self.stop()
             notifier.close()

@@ -30,7 +30,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             await writer.drain()
         if writer.can_write_eof():
             writer.write_eof()
-    except (ConnectionError, OSError):
+    except OSError:  # a reset from either side ends this direction
         pass
 
 
@@ -66,7 +66,7 @@ class SocketProxy:
         finally:
             for w in (writer, up_writer):
                 w.close()
-                with contextlib.suppress(ConnectionError, OSError):
+                with contextlib.suppress(OSError):
                     await w.wait_closed()
 
     def stop_accepting(self) -> None:

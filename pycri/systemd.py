@@ -76,10 +76,18 @@ class Notifier:
             self.notify("WATCHDOG=1")
             await asyncio.sleep(self.watchdog_interval)
 
-    def close(self) -> None:
+    def stopping(self) -> None:
+        """STOPPING=1, and no pings after it: the stop has its own timeout."""
+        self._stop_watchdog()
+        self.notify("STOPPING=1")
+
+    def _stop_watchdog(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+
+    def close(self) -> None:
+        self._stop_watchdog()
         if self._sock is not None:
             self._sock.close()
             self._sock = None
