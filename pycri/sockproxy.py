@@ -15,7 +15,9 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,11 @@ class SocketProxy:
 
     async def start(self) -> None:
         self._listener.setblocking(False)
+        # Python 3.13+ unlinks a unix server's path on close unless told not to; this
+        # path is systemd's listener and must outlive us.
+        keep: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
         self._server = await asyncio.start_unix_server(
-            self._relay, sock=self._listener, limit=CHUNK
+            self._relay, sock=self._listener, limit=CHUNK, **keep
         )
 
     def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
