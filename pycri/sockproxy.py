@@ -6,7 +6,8 @@ systemd's listener and lose connections queued in it, which is the point of sock
 activation (a kubelet connecting while pycri restarts waits in the backlog instead
 of failing). So connections are accepted on the inherited fd and relayed, byte for
 byte, to a private socket gRPC listens on. The kubelet keeps one long-lived HTTP/2
-connection, so the cost is one extra copy per byte (measured in docs/operating.md).
+connection, so the cost is one extra copy per byte (hack/bench-activation.py; the
+numbers are in docs/architecture.md).
 """
 
 from __future__ import annotations
