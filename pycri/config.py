@@ -70,7 +70,7 @@ class ImagesConfig:
 
 @dataclass
 class StreamingConfig:
-    """Bounds on the unauthenticated streaming port and on each SPDY session (issue 8)."""
+    """Bounds on the unauthenticated streaming port and on each SPDY or WebSocket session."""
 
     # Connections of any kind, and those still sending their request head (no token yet).
     max_connections: int = 512
@@ -101,6 +101,16 @@ class HelpersConfig:
 
 
 @dataclass
+class CDIConfig:
+    """Where CDI spec files are found (issue 11): later dirs override earlier ones."""
+
+    spec_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # Bounds on what one resolve reads: bytes per spec file, spec files per dir.
+    max_spec_bytes: int = 1 << 20
+    max_spec_files: int = 256
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -125,6 +135,7 @@ class Config:
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     helpers: HelpersConfig = field(default_factory=HelpersConfig)
+    cdi: CDIConfig = field(default_factory=CDIConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -231,6 +242,12 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
     if cfg.helpers.max_concurrent < 1:
         raise ConfigError("helpers.max_concurrent: must be at least 1")
+    for d in cfg.cdi.spec_dirs:
+        if not os.path.isabs(d):
+            raise ConfigError(f"cdi.spec_dirs: {d!r} is not an absolute path")
+    for key in ("max_spec_bytes", "max_spec_files"):
+        if getattr(cfg.cdi, key) <= 0:
+            raise ConfigError(f"cdi.{key}: must be positive")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -282,6 +299,7 @@ def to_toml(cfg: Config) -> str:
 
 
 __all__ = [
+    "CDIConfig",
     "CNIConfig",
     "Config",
     "ConfigError",

@@ -34,6 +34,7 @@ from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
+from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
@@ -145,9 +146,20 @@ class Daemon:
         # Watch first, so exits during recovery arrive; exits of records not loaded yet
         # are picked up by recover() from the exit files themselves.
         launcher.watch()
-        await sandboxes.recover()
-        await containers.recover()
-        node = NodeStatus(cfg, store, cni.status)
+        # What user-namespaced pods can run with is probed while recovery runs (~0.1 s).
+        probe = asyncio.ensure_future(userns.probe(
+            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime, root,
+            mounts.open_rootfs_area(cfg.state)))
+        try:
+            await sandboxes.recover()
+            await containers.recover()
+        finally:
+            support = await probe
+        sandboxes.userns_support = support
+        if support.kernel_problem:
+            log.info("pods with their own user namespace cannot run here: %s",
+                     support.kernel_problem)
+        node = NodeStatus(cfg, store, cni.status, support)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
