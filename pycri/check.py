@@ -127,6 +127,19 @@ def _cni(cfg: Config) -> Iterator[Check]:
         )
 
 
+def _package_data(cfg: Config) -> Check:
+    """The files shipped in pycri/data parse: a wheel missing them would fail every pod."""
+    from pycri.network.conf import DEFAULT_TEMPLATE, default_network
+    from pycri.oci.seccomp import DEFAULT_PROFILE_PATH, default_profile
+
+    try:
+        default_profile()
+        default_network(DEFAULT_TEMPLATE, cfg.cni.default_subnet, cfg.cni.default_bridge)
+    except Exception as e:
+        return Check("package data", False, str(e), "reinstall pycri (pip install pycri-*.whl)")
+    return Check("package data", True, f"{DEFAULT_PROFILE_PATH.parent}")
+
+
 def _disk(cfg: Config) -> Check:
     path = Path(cfg.root)
     while not path.exists():
@@ -187,6 +200,7 @@ def run_checks(cfg: Config) -> list[Check]:
         _overlay,
         _namespaces,
         lambda: _cni(cfg),
+        lambda: _package_data(cfg),
         lambda: _disk(cfg),
         lambda: _user_namespaces(cfg),
         lambda: _checkpoint(cfg),

@@ -42,7 +42,7 @@ class RuntimeHandler:
 class CNIConfig:
     conf_dir: str = "/etc/cni/net.d"
     bin_dirs: list[str] = field(default_factory=lambda: ["/opt/cni/bin", "/usr/lib/cni"])
-    # Use the conflist shipped in cni/ when conf_dir holds none.
+    # Use the conflist shipped in pycri/data/ when conf_dir holds none.
     default_network: bool = True
     default_subnet: str = "10.85.0.0/16"
     default_bridge: str = "pycri0"

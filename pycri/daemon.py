@@ -5,7 +5,10 @@ Lifecycle rules set here for every later component:
 - SIGTERM/SIGINT stop accepting, let in-flight calls finish, exit 0 — and
   leave containers running (their monitors are not our children to kill);
 - the daemon is a child subreaper, so monitors that daemonize are re-parented
-  to it while it runs, and to init after it exits.
+  to it while it runs, and to init after it exits;
+- under systemd it says READY=1 only once the CRI socket answers a Version call,
+  STOPPING=1 at the signal, and serves a socket-activated listener through a relay
+  (pycri/systemd.py, pycri/sockproxy.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 import grpc
 
 from pycri import malloc, procs
+from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
@@ -34,16 +38,20 @@ from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
+from pycri.sockproxy import SocketProxy
 from pycri.status import NodeStatus
 from pycri.store import Store
 from pycri.store.db import StoreLocked
 from pycri.streaming import RuntimeBackend, StreamingServer
+from pycri.systemd import ActivationError, Notifier, grpc_target, listen_socket
 
 log = logging.getLogger("pycri")
 
 # In-flight RPCs get this long to finish after SIGTERM.
 SHUTDOWN_GRACE = 10.0
 SOCKET_MODE = 0o660
+# How long the READY probe waits for our own socket to answer Version.
+READY_PROBE_TIMEOUT = 10.0
 
 
 class DaemonError(Exception):
@@ -93,9 +101,23 @@ class Daemon:
         self.launcher: Launcher | None = None
         self.streaming: StreamingServer | None = None
         self._lock_fd: int | None = None
+        self.proxy: SocketProxy | None = None
+        # Under socket activation gRPC listens privately and the relay serves the
+        # inherited listener; otherwise gRPC listens on the configured path itself.
+        self._grpc_socket = cfg.socket_path
+        self._target = f"unix:{cfg.socket_path}"
 
     async def start(self) -> None:
         cfg = self.cfg
+        # First, so no helper we spawn inherits LISTEN_FDS or the listener.
+        try:
+            activated = listen_socket()
+        except ActivationError as e:
+            raise DaemonError(str(e)) from None
+        if activated is not None:
+            self._grpc_socket = Path(cfg.state) / "grpc.sock"
+            self._target = grpc_target(activated) or f"unix:{self._grpc_socket}"
+            self.proxy = SocketProxy(activated, self._grpc_socket)
         self._lock_fd = _lock_state_dir(Path(cfg.state))
         malloc.tune()
         root = Path(cfg.root)
@@ -147,7 +169,7 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
-        sock = cfg.socket_path
+        sock = self._grpc_socket
         _claim_socket(sock)
         server = grpc.aio.server(
             options=[
@@ -162,16 +184,40 @@ class Daemon:
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()
-        os.chmod(sock, SOCKET_MODE)
         self.server = server
-        log.info("pycri serving on unix://%s (root %s, state %s)", sock, cfg.root, cfg.state)
+        if activated is None:
+            os.chmod(sock, SOCKET_MODE)
+        else:
+            os.chmod(sock, 0o600)  # the relay is its only client
+            assert self.proxy is not None
+            await self.proxy.start()
+            log.info("socket-activated listener %s relayed to %s", self._target, sock)
+        log.info("pycri serving on %s (root %s, state %s)", self._target, cfg.root, cfg.state)
+
+    async def wait_answering(self) -> None:
+        """Return once the CRI socket answers Version: what READY=1 promises."""
+        async with grpc.aio.insecure_channel(self._target) as channel:
+            try:
+                await pb_grpc.RuntimeServiceStub(channel).Version(
+                    pb.VersionRequest(), timeout=READY_PROBE_TIMEOUT, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as e:
+                raise DaemonError(
+                    f"{self._target} does not answer Version: {e.code().name} {e.details()}"
+                ) from None
 
     async def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop_accepting()
         if self.server is not None:
             await self.server.stop(SHUTDOWN_GRACE)
             self.server = None
-            # Only a socket we served is ours to remove; a refused start leaves it alone.
-            self.cfg.socket_path.unlink(missing_ok=True)
+            # Only a socket we served is ours to remove; a refused start leaves it alone
+            # (and an activated listener is systemd's, never unlinked).
+            self._grpc_socket.unlink(missing_ok=True)
+        if self.proxy is not None:
+            await self.proxy.close()
+            self.proxy = None
         if self.streaming is not None:
             await self.streaming.stop()
             self.streaming = None
@@ -197,10 +243,16 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        notifier = Notifier()
         try:
             await self.start()
+            await self.wait_answering()
+            notifier.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {self._target}")
+            notifier.start_watchdog()
             await stop.wait()
             log.info("signal received; finishing in-flight calls")
+            notifier.stopping()
         finally:
             await self.stop()
+            notifier.close()
         log.info("pycri stopped")
