@@ -31,6 +31,7 @@ PLUGIN_SERVICE_CONN = 1
 RUNTIME_SERVICE_CONN = 2
 MAX_PAYLOAD = HEADER_LEN + MAX_MESSAGE  # the protocol's maxPayloadSize
 GO_READ_BUFFER = 4096  # bufio's default size on the Go side
+MAX_UNSENT = 2 * MAX_PAYLOAD  # bytes queued for a peer that does not read, before dropping it
 
 
 def frames(conn_id: int, data: bytes) -> bytes:
@@ -77,6 +78,11 @@ class Mux:
     async def _write(self, data: bytes) -> None:
         if self._writer is None or self.closed.is_set():
             raise ConnectionResetError(f"{self._name}: connection closed ({self.reason})")
+        if self._writer.transport.get_write_buffer_size() + len(data) > MAX_UNSENT:
+            reason = f"peer is not reading: over {MAX_UNSENT} bytes unsent"
+            log.warning("%s: closing connection: %s", self._name, reason)
+            self.abort(reason)
+            raise ConnectionResetError(f"{self._name}: {reason}")
         self._writer.write(data)  # one call per message: frames never interleave
         await self._writer.drain()
 
@@ -107,13 +113,14 @@ class Mux:
         self.abort(reason)
 
     def abort(self, reason: str) -> None:
-        """Drops the trunk now (sync, for callbacks); close() also waits for the reader."""
+        """Drops the trunk now (sync, for callbacks); close() also waits for the reader.
+        Unsent bytes are discarded: a peer that stopped reading must not hold the fd."""
         if self.closed.is_set():
             return
         self.reason = reason
         self.closed.set()
         if self._writer is not None:
-            self._writer.close()
+            self._writer.transport.abort()
         else:
             self._sock.close()
         for _, on_close in list(self._conns.values()):

@@ -181,8 +181,9 @@ class Channel:
         fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._pending[sid] = fut
         try:
-            await self._send(encode(sid, TYPE_REQUEST, req.SerializeToString()))
-            data = await asyncio.wait_for(fut, timeout)
+            async with asyncio.timeout(timeout):  # a peer that stops reading stalls the send
+                await self._send(encode(sid, TYPE_REQUEST, req.SerializeToString()))
+                data = await fut
         except TimeoutError:
             raise TTRPCError(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"{service}/{method}: no answer in {timeout:g}s") from None

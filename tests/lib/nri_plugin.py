@@ -295,5 +295,9 @@ async def _main() -> int:
     return 0
 
 
+def main() -> int:
+    return asyncio.run(_main())
+
+
 if __name__ == "__main__":
-    sys.exit(asyncio.run(_main()))
+    sys.exit(main())
