@@ -41,6 +41,7 @@ from pycri.network import (
 )
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
+from pycri.nri.adaptation import Adaptation
 from pycri.oci import seccomp, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
@@ -114,6 +115,7 @@ class SandboxManager:
         cni: CNIManager,
         images: ImageManager,
         events: EventBus,
+        nri: Adaptation,
     ) -> None:
         self.cfg = cfg
         self.events = events
@@ -121,8 +123,11 @@ class SandboxManager:
         self.launcher = launcher
         self.cni = cni
         self.images = images
+        self.nri = nri
         self.containers: PodContainers | None = None
         self.sandboxes: dict[str, Sandbox] = {}
+        # RunPodSandbox in flight: not listed until READY (nor while NRI plugins see it).
+        self._running: set[str] = set()
         self.names = NameRegistry("pod sandbox")
         self._locks: dict[str, asyncio.Lock] = {}
         self.pod_root = Path(cfg.root) / "sandboxes"
@@ -188,6 +193,7 @@ class SandboxManager:
         handler = self.launcher.handler_name(runtime_handler)
         sid = new_id()
         self.names.reserve(name_key(md), sid)
+        self._running.add(sid)
         sb = Sandbox(
             id=sid,
             config=config,
@@ -203,6 +209,9 @@ class SandboxManager:
                 self._save(sb)
                 undo.callback(self._forget, sb)
                 await self._setup(sb, undo)
+                async with step("NRI RunPodSandbox"):
+                    undo.push_async_callback(self.nri.undo_run_pod_sandbox, sb)
+                    await self.nri.run_pod_sandbox(sb)
                 sb.state = pb.SANDBOX_READY
                 self._save(sb)
                 undo.pop_all()
@@ -210,6 +219,8 @@ class SandboxManager:
             self.names.release(name_key(md), sid)
             self._locks.pop(sid, None)
             raise
+        finally:
+            self._running.discard(sid)
         self._publish(sb, events.CREATED)
         self._publish(sb, events.STARTED)
         log.info("pod sandbox %s (%s/%s) ready, ips %s", sid, md.namespace, md.name, sb.ips)
@@ -367,6 +378,8 @@ class SandboxManager:
             self._publish(sb, events.STOPPED)
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
+        # Plugins hear of it with the containers stopped and the pod still reachable.
+        await self.nri.stop_pod_sandbox(sb)
         async with step("stopping the infra container"):
             await self._kill_infra(sb)  # decides on the runtime's state, not the record
         if not sb.host_network and not sb.network_torn_down:
@@ -389,6 +402,7 @@ class SandboxManager:
             await self._stop_locked(sb)
             if self.containers is not None:
                 await self.containers.remove_all(sb.id)
+            await self.nri.remove_pod_sandbox(sb)
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
                 await self.images.remove_rootfs(sb.id)
@@ -407,6 +421,8 @@ class SandboxManager:
     ) -> builtins.list[Sandbox]:
         """Sandboxes matching a ListPodSandbox or ListPodSandboxStats filter."""
         out = list(self.sandboxes.values())
+        if self._running:
+            out = [s for s in out if s.id not in self._running]
         if flt is None:
             return out
         if flt.id:
