@@ -440,3 +440,16 @@ def test_update_hook_changes_the_update_and_plugin_updates_fire_no_hook(
     assert p.update_containers([u]) == []  # unsolicited: applied, no failure
     assert node.status(cid).resources.linux.cpu_shares == 128
     assert p.names().count("UpdateContainer") == hooks_before  # no news to the plugins
+
+
+def test_plugin_hanging_in_synchronize_delays_requests_at_most_its_timeout(
+        node: Node, plugins: Callable[..., PluginThread]) -> None:
+    stuck = plugins("stuck", "10", sync=False,
+                    setup=lambda p: p.plugin.delays.__setitem__("Synchronize", 60))
+    stuck.wait_for("Synchronize")
+    t0 = time.monotonic()
+    sid, _ = node.run_pod("nri-stuck")  # its hook waits for the plugin's Synchronize
+    assert time.monotonic() - t0 < 10  # registration_timeout is 5 s
+    stuck.wait_closed()
+    assert node.pod_status(sid).state == pb.SANDBOX_READY
+    assert "RunPodSandbox" not in stuck.names()
