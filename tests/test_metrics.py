@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pycri.stats import metrics, netdev
+from pycri.stats.cgroups import PsiLine, parse_pressure
 from pycri.stats.metrics import IoEntry
 
 NET_DEV = (
@@ -78,7 +79,8 @@ def test_parse_io_stat_v2() -> None:
 def test_parse_pressure_and_limits() -> None:
     psi = ("some avg10=0.00 avg60=0.00 avg300=0.00 total=2500000\n"
            "full avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n")
-    assert metrics.parse_pressure(psi) == {"some": 2500000, "full": 1000}
+    assert parse_pressure(psi) == {"some": PsiLine(2500000, 0, 0, 0),
+                                   "full": PsiLine(1000, 0, 0, 0)}
     limits = ("Limit                     Soft Limit           Hard Limit           Units\n"
               "Max open files            1024                 4096                 files\n")
     assert metrics.parse_soft_nofile(limits) == 1024
@@ -139,6 +141,7 @@ def test_read_cgroup_v1(tmp_path: Path) -> None:
         f"pids/{c}/cgroup.procs": "100\n101\n",
         f"pids/{c}/tasks": "100\n101\n102\n",
         f"pids/{c}/pids.max": "max\n",
+        f"unified/{c}/memory.pressure": "some avg10=1.50 avg60=0.00 avg300=0.00 total=2000000\n",
     })
     r = metrics.read_cgroup("/pycri/pycri-abc", tmp_path)
     assert (r.cpu_ns, r.user_ns, r.system_ns) == (3500000000, 2 * 10**9, 10**9)
@@ -152,7 +155,8 @@ def test_read_cgroup_v1(tmp_path: Path) -> None:
     assert r.io_bytes == [IoEntry(8, 0, "Read", 4096)]
     assert r.io_ops == [IoEntry(8, 0, "Read", 1)]
     assert (r.procs, r.threads, r.threads_max) == ([100, 101], 3, 0)
-    assert r.pressure == {}
+    # A hybrid host keeps pressure on its v2 mount, at the same path.
+    assert r.pressure == {"memory": {"some": PsiLine(2000000, 1.5, 0, 0)}}
 
 
 def test_read_cgroup_v2(tmp_path: Path) -> None:
@@ -183,13 +187,15 @@ def test_read_cgroup_v2(tmp_path: Path) -> None:
     assert (r.failcnt, r.oom_kills) == (3, 1)
     assert r.faults[("pgfault", "hierarchy")] == r.faults[("pgfault", "container")] == 77
     assert r.hugetlb == {"2MB": (0, None)}
-    assert r.pressure == {"cpu": {"some": 3000000, "full": 1000000}}
+    assert r.pressure == {"cpu": {"some": PsiLine(3000000, 0, 0, 0),
+                                  "full": PsiLine(1000000, 0, 0, 0)}}
     assert [e.op for e in r.io_bytes] == ["Read", "Write", "Discard"]
     assert (r.procs, r.threads, r.threads_max) == ([7], 2, 512)
 
 
 def test_emitted_samples_from_a_reading() -> None:
-    r = metrics.CgroupReading(cpu_ns=2_900_000_000, pressure={"io": {"some": 4_200_000}},
+    r = metrics.CgroupReading(cpu_ns=2_900_000_000,
+                              pressure={"io": {"some": PsiLine(4_200_000, 1, 2, 3)}},
                               hugetlb={"2MB": (5, None)},
                               io_bytes=[IoEntry(2**20, 0, "Write", 64)])
     emit = metrics._Emitter(("p", "ns", "c", "id", "img"), 1)

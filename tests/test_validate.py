@@ -99,6 +99,12 @@ BAD: list[tuple[str, object, str]] = [
      "config.mounts[0].host_path: must be an absolute path"),
     ("host path with ..", ctr(mounts=[pb.Mount(container_path="/m", host_path="/a/../etc")]),
      "config.mounts[0].host_path: may not contain '..'"),
+    ("filesystem option on a bind", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/x", mount_options=["noexec", "size=1m"])]),
+     "config.mounts[0].mount_options[1]: 'size=1m' is not a bind-mount option"),
+    ("propagation as a mount option", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/x", mount_options=["rshared"])]),
+     "config.mounts[0].mount_options[0]: 'rshared' is not a bind-mount option"),
     ("relative device path", ctr(devices=[pb.Device(container_path="/dev/x",
                                                     host_path="dev/null")]),
      "config.devices[0].host_path: must be an absolute path"),
@@ -254,7 +260,8 @@ GOOD: list[tuple[str, object]] = [
             mounts=[pb.Mount(container_path="/var/run/secrets/kubernetes.io/serviceaccount",
                              host_path="/var/lib/kubelet/pods/u/volumes/kubernetes.io~projected/"
                                        "kube-api-access-x", readonly=True),
-                    pb.Mount(container_path="/data", host_path="/data/")],
+                    pb.Mount(container_path="/data", host_path="/data/",
+                             mount_options=["noexec", "nosuid", "nodev"])],
             devices=[pb.Device(container_path="/dev/fuse", host_path="/dev/fuse",
                                permissions="rwm")],
             labels={"io.kubernetes.container.name": "nginx"},

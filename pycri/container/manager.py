@@ -14,11 +14,12 @@ import contextlib
 import functools
 import json
 import logging
+import posixpath
 import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +51,7 @@ from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
-from pycri.stats.cgroups import Usage, read_usage
+from pycri.stats.cgroups import Usage, read_pod, read_usage, relative_dir
 from pycri.stats.cgroups import add as add_usage
 from pycri.store import Store
 
@@ -250,7 +251,7 @@ class ContainerManager:
             spec.check_recursive_read_only(m)
             host = mounts.validate_host_path(m.host_path)
             target = self.rro_dir(c.id) / str(i)
-            mounts.stage_recursive_readonly(host.path, target)
+            mounts.stage_recursive_readonly(host.path, target, m.mount_options)
             sources[spec.rro_key(i)] = str(target)
         return sources
 
@@ -678,18 +679,35 @@ class ContainerManager:
             lambda: {sb.id: netdev.interfaces(sb.infra_pid) if live[sb.id] else []
                      for sb in pods}
         )
+        cgroups = {sb.id: self._pod_cgroup(sb) for sb in pods}
+        own = await asyncio.to_thread(
+            lambda: {sid: read_pod(rel) if rel else (None, {}) for sid, rel in cgroups.items()}
+        )
         out = []
         for sb in pods:
             mine = [by_id[c.id] for c in members[sb.id]]
+            limit, pressure = own[sb.id]
+            summed = functools.reduce(add_usage, (u.usage for u in mine), Usage())
             out.append(PodUsage(
                 sandbox=sb,
                 timestamp=time.time_ns(),
-                usage=functools.reduce(add_usage, (u.usage for u in mine), Usage()),
+                usage=replace(summed, memory_limit=limit, pressure=pressure),
                 nano_cores=sum(u.nano_cores for u in mine),
                 interfaces=ifaces[sb.id],
                 containers=mine,
             ))
         return out
+
+    def _pod_cgroup(self, sb: Sandbox) -> str | None:
+        """The pod's own cgroup directory (relative to a hierarchy), the parent of its
+        infra's; None when the pod has none (no cgroup_parent: the parent is shared)."""
+        if not sb.cgroup_parent or sb.state != pb.SANDBOX_READY:
+            return None
+        try:
+            infra = spec.cgroups_path(sb.cgroup_parent, self.cfg.cgroup_driver, sb.id)
+        except InvalidArgument:
+            return None
+        return posixpath.dirname(relative_dir(infra)) or None
 
     # -- recovery --------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pycri.stats.cgroups import CGROUP_ROOT, relative_dir
+from pycri.stats.cgroups import CGROUP_ROOT, relative_dir, unified_dir
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def kill_leftovers(
     left = _procs(dirs)
     if not left:
         return 0
-    unified = root / rel if (root / "cgroup.controllers").exists() else root / "unified" / rel
+    unified = unified_dir(root, rel)
     with contextlib.suppress(OSError):
         (unified / "cgroup.kill").write_text("1")
     deadline = time.monotonic() + timeout

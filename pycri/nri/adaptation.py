@@ -117,7 +117,7 @@ class Adaptation:
              ) -> None:
         """What recovery found (the specs read by the caller, off the loop)."""
         self._pods.update((sb.id, sb) for sb in pods)
-        self._containers.update((c.id, (c, spec)) for c, spec in containers)
+        self._containers.update((c.id, (c, convert.spec_view(spec))) for c, spec in containers)
 
     # -- connections --------------------------------------------------------------------
 
@@ -381,7 +381,7 @@ class Adaptation:
         """The plugins' merged adjustment of `spec` (None: nothing to change); an error
         or a conflict between plugins fails the create. Updates they ask for other
         containers are applied before this returns."""
-        self._containers[c.id] = (c, spec)
+        self._containers[c.id] = (c, convert.spec_view(spec))
         if not self.wants(api.CREATE_CONTAINER):
             return None
         req = api.CreateContainerRequest(pod=self._pod(c.sandbox_id),
@@ -400,7 +400,7 @@ class Adaptation:
 
     async def post_create_container(self, c: Container, spec: Spec) -> None:
         """Created with `spec` (the adjusted one)."""
-        self._containers[c.id] = (c, spec)
+        self._containers[c.id] = (c, convert.spec_view(spec))
         await self._notify(api.POST_CREATE_CONTAINER, "PostCreateContainer",
                            api.PostCreateContainerRequest, api.PostCreateContainerResponse, c)
 

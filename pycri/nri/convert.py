@@ -86,6 +86,19 @@ def cri_resources(r: pb.LinuxContainerResources) -> api.LinuxResources:
     return out
 
 
+_SPEC_KEYS = ("process", "mounts", "hooks", "annotations")
+_LINUX_KEYS = ("namespaces", "devices", "resources", "cgroupsPath", "sysctl")
+
+
+def spec_view(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of an OCI spec `container` reads: what is kept per container for a
+    later Synchronize, without the rest (a seccomp policy alone is tens of KiB)."""
+    out = {k: spec[k] for k in _SPEC_KEYS if k in spec}
+    linux = spec.get("linux", {})
+    out["linux"] = {k: linux[k] for k in _LINUX_KEYS if k in linux}
+    return out
+
+
 def container(c: Container, spec: Mapping[str, Any]) -> api.Container:
     config = c.config
     process = spec.get("process", {})

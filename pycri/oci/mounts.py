@@ -13,11 +13,13 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
+from pycri.oci import bindopts
 from pycri.oci.spec import DeviceInfo
 
 MOUNTINFO = "/proc/self/mountinfo"
@@ -188,7 +190,6 @@ _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
-_MOUNT_ATTR_RDONLY = 0x1
 _SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
@@ -208,13 +209,13 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-def _set_readonly_recursively(path: str) -> None:
-    attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
+def _set_attrs_recursively(path: str, attrs: int) -> None:
+    attr = _MountAttr(attr_set=attrs)
     ret = _libc.syscall(
         _SYS_MOUNT_SETATTR, _AT_FDCWD, path.encode(), _AT_RECURSIVE, ctypes.byref(attr),
         ctypes.sizeof(attr),
     )
-    _check(ret, f"mount_setattr(AT_RECURSIVE, RDONLY) {path}")
+    _check(ret, f"mount_setattr(AT_RECURSIVE, {attrs:#x}) {path}")
 
 
 def recursive_readonly_supported() -> bool:
@@ -243,11 +244,13 @@ def private_dirs(path: Path) -> None:
         raise OSError(errno.ENOTDIR, f"staging directory {path} is not a directory")
 
 
-def stage_recursive_readonly(source: str, target: Path) -> None:
+def stage_recursive_readonly(source: str, target: Path, options: Sequence[str] = ()) -> None:
     """Bind `source` (with its submounts) at `target` and make every mount of it read-only.
 
     A bind of this copy keeps each submount's read-only flag, which is how a container
-    gets a recursively read-only volume from runtimes that lack the `rro` option.
+    gets a recursively read-only volume from runtimes that lack the `rro` option. The
+    mount's `noexec`, `nosuid` and `nodev` options (CRI `mount_options`) are set on every
+    submount in the same call: the runtime's remount reaches only the top one.
     `target`'s parents are made root-only (see private_dirs).
     """
     private_dirs(target.parent)
@@ -260,7 +263,7 @@ def stage_recursive_readonly(source: str, target: Path) -> None:
     try:
         _check(_libc.mount(None, str(target).encode(), None, _MS_PRIVATE | _MS_REC, None),
                f"make {target} private")
-        _set_readonly_recursively(str(target))
+        _set_attrs_recursively(str(target), bindopts.mount_attrs(["ro", *options]))
     except OSError:
         unstage(target)
         raise

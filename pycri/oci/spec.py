@@ -15,6 +15,7 @@ from typing import Any
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
+from pycri.oci import bindopts
 from pycri.oci import seccomp as seccomp_mod
 from pycri.oci.users import ResolvedUser
 
@@ -459,6 +460,8 @@ def cri_mounts(
     image never changes, so propagation means nothing for it. A recursively read-only
     mount binds the copy the caller staged read-only on the host (`rro_key`): a bind of
     it keeps every submount read-only, which runc 1.1 and crun 1.8 cannot do themselves.
+    `mount_options` merge into each bind's options (oci/bindopts.py); the runtimes apply
+    them by remounting the bind.
     """
     out: list[dict[str, Any]] = []
     rootfs_propagation: str | None = None
@@ -473,14 +476,15 @@ def cri_mounts(
                 raise InvalidArgument(f"mount {dest}: image volume was not prepared")
             # One overlay mount, no submounts: read-only is already recursive.
             out.append({"destination": dest, "type": "bind", "source": source,
-                        "options": ["rbind", "rprivate", "ro"]})
+                        "options": bindopts.merge(["rbind", "rprivate", "ro"],
+                                                  m.mount_options)})
             continue
         if not m.host_path:
             raise InvalidArgument(f"mount {dest}: host path is empty")
         prop = _PROPAGATION.get(m.propagation)
         if prop is None:
             raise InvalidArgument(f"mount {dest}: unknown propagation {m.propagation}")
-        opts = ["rbind", prop, "ro" if m.readonly else "rw"]
+        opts = bindopts.merge(["rbind", prop, "ro" if m.readonly else "rw"], m.mount_options)
         source = sources.get(m.host_path, m.host_path)
         if m.recursive_read_only:
             check_recursive_read_only(m)

@@ -74,7 +74,8 @@ class RuntimeServicer(
                 )
                 for name in self.node.handlers()
             ],
-            features=pb.RuntimeFeatures(supplemental_groups_policy=True),
+            # mount_options: every handler remounts a bind with its flags (oci/bindopts.py).
+            features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True),
         )
 
     @rpc

@@ -7,7 +7,7 @@ import grpc
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager, ContainerUsage, PodUsage
 from pycri.server.errors import rpc
-from pycri.stats.cgroups import Usage
+from pycri.stats.cgroups import Pressure, Usage
 
 Ctx = grpc.aio.ServicerContext
 
@@ -16,21 +16,52 @@ def _u64(value: int) -> pb.UInt64Value:
     return pb.UInt64Value(value=value)
 
 
+def _opt_u64(value: int | None) -> pb.UInt64Value | None:
+    """Absent, not zero, when the host does not provide the value."""
+    return None if value is None else pb.UInt64Value(value=value)
+
+
+def _psi(pressure: Pressure, resource: str) -> pb.PsiStats | None:
+    """PSI of one resource; the kernel counts microseconds, the CRI nanoseconds."""
+    lines = pressure.get(resource)
+    if not lines:
+        return None
+    data = {kind.capitalize(): pb.PsiData(Total=line.total_us * 1000, Avg10=line.avg10,
+                                          Avg60=line.avg60, Avg300=line.avg300)
+            for kind, line in lines.items() if kind in ("some", "full")}
+    return pb.PsiStats(**data)
+
+
 def _cpu(ts: int, usage: Usage, nano_cores: int) -> pb.CpuUsage:
     return pb.CpuUsage(timestamp=ts, usage_core_nano_seconds=_u64(usage.cpu_ns),
-                       usage_nano_cores=_u64(nano_cores))
+                       usage_nano_cores=_u64(nano_cores), psi=_psi(usage.pressure, "cpu"))
 
 
 def _memory(ts: int, usage: Usage) -> pb.MemoryUsage:
-    """The same fields for a container and for a pod (its containers summed)."""
+    """The same fields for a container and for a pod (its containers' usage summed; its
+    limit and pressure its own cgroup's)."""
     return pb.MemoryUsage(
         timestamp=ts,
         working_set_bytes=_u64(usage.working_set_bytes),
+        available_bytes=_opt_u64(usage.available_bytes),
         usage_bytes=_u64(usage.memory_bytes),
         rss_bytes=_u64(usage.rss_bytes),
         page_faults=_u64(usage.page_faults),
         major_page_faults=_u64(usage.major_page_faults),
+        psi=_psi(usage.pressure, "memory"),
     )
+
+
+def _io(ts: int, usage: Usage) -> pb.IoUsage | None:
+    psi = _psi(usage.pressure, "io")
+    return None if psi is None else pb.IoUsage(timestamp=ts, psi=psi)
+
+
+def _swap(ts: int, usage: Usage) -> pb.SwapUsage | None:
+    if usage.swap_bytes is None:
+        return None
+    return pb.SwapUsage(timestamp=ts, swap_usage_bytes=_u64(usage.swap_bytes),
+                        swap_available_bytes=_opt_u64(usage.swap_available_bytes))
 
 
 def container_stats(u: ContainerUsage) -> pb.ContainerStats:
@@ -48,6 +79,8 @@ def container_stats(u: ContainerUsage) -> pb.ContainerStats:
             used_bytes=_u64(u.writable_bytes),
             inodes_used=_u64(u.writable_inodes),
         ),
+        swap=_swap(ts, u.usage),
+        io=_io(ts, u.usage),
     )
 
 
@@ -72,6 +105,7 @@ def pod_stats(p: PodUsage) -> pb.PodSandboxStats:
                                     interfaces=ifaces),
             process=pb.ProcessUsage(timestamp=ts, process_count=_u64(p.usage.processes)),
             containers=[container_stats(u) for u in p.containers],
+            io=_io(ts, p.usage),
         ),
     )
 

@@ -36,6 +36,7 @@ from google.protobuf.message import Message
 
 from pycri.api.api_pb2 import NODE
 from pycri.errors import InvalidArgument
+from pycri.oci.bindopts import option_problem
 
 MAX_ITEMS = 10_000
 # Kubernetes caps a pod's annotations at 256 KiB; the kubelet adds its own keys on top.
@@ -181,6 +182,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("ExecRequest", "cmd"): FREE_TEXT,
     ("Mount", "container_path"): PATH,
     ("Mount", "host_path"): PATH,
+    # Only per-mount flags a bind can be remounted with (oci/bindopts.py).
+    ("Mount", "mount_options"): Kind(max_len=32, check=option_problem),
     ("Device", "container_path"): PATH,
     ("Device", "host_path"): PATH,
     ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),

@@ -7,14 +7,35 @@ cgroupfs paths are used as they are; systemd's `slice:prefix:name` becomes
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+PSI_RESOURCES = ("cpu", "memory", "io")
+# Limits above this are "no limit": the kernel's own maximum is LONG_MAX rounded down to
+# a page, and v2 writes "max".
+UNLIMITED = 1 << 62
+
+
+@dataclass(frozen=True)
+class PsiLine:
+    """One line ("some" or "full") of a *.pressure file."""
+
+    total_us: int  # cumulative stall time, in microseconds as the kernel counts it
+    avg10: float
+    avg60: float
+    avg300: float
+
+
+Pressure = Mapping[str, Mapping[str, PsiLine]]  # resource (cpu/memory/io) -> some/full -> line
 
 
 @dataclass(frozen=True)
 class Usage:
+    """One sample of a cgroup. The counters are 0 for a cgroup that is gone; the optional
+    fields are None (or empty) when the host does not account them, never 0."""
+
     cpu_ns: int = 0  # cumulative CPU time
     memory_bytes: int = 0  # usage including page cache
     working_set_bytes: int = 0  # usage minus inactive file pages (what eviction watches)
@@ -22,6 +43,28 @@ class Usage:
     page_faults: int = 0
     major_page_faults: int = 0
     processes: int = 0
+    memory_limit: int | None = None  # None: no limit
+    swap_bytes: int | None = None  # None: no swap accounting
+    swap_limit: int | None = None  # swap alone (v1: memsw minus memory); None: no limit
+    pressure: Pressure = field(default_factory=dict)
+
+    @property
+    def available_bytes(self) -> int | None:
+        """The CRI's memory limit minus working set; None without a limit."""
+        if self.memory_limit is None:
+            return None
+        return max(0, self.memory_limit - self.working_set_bytes)
+
+    @property
+    def swap_available_bytes(self) -> int | None:
+        """The CRI's swap limit minus swap usage; None without a limit or accounting."""
+        if self.swap_limit is None or self.swap_bytes is None:
+            return None
+        return max(0, self.swap_limit - self.swap_bytes)
+
+
+_COUNTERS = ("cpu_ns", "memory_bytes", "working_set_bytes", "rss_bytes", "page_faults",
+             "major_page_faults", "processes")
 
 
 def _systemd_dir(path: str) -> str:
@@ -42,11 +85,63 @@ def relative_dir(cgroups_path: str) -> str:
     return cgroups_path.lstrip("/")
 
 
-def _read_int(path: Path) -> int:
+def unified_dir(root: Path, rel: str) -> Path:
+    """The cgroup's directory on the v2 hierarchy: the root itself on a pure v2 host, its
+    `unified` mount on a hybrid one (where runc and crun put the same path). On a pure v1
+    host it does not exist, and readers find nothing there."""
+    if (root / "cgroup.controllers").exists():
+        return root / rel
+    return root / "unified" / rel
+
+
+def parse_pressure(text: str) -> dict[str, PsiLine]:
+    """A PSI file ("some avg10=0.12 avg60=.. avg300=.. total=USEC" / "full ..."), by kind;
+    a line without a total is left out."""
+    out: dict[str, PsiLine] = {}
+    for line in text.splitlines():
+        kind, *pairs = line.split()
+        values = dict(pair.partition("=")[::2] for pair in pairs)
+        try:
+            out[kind] = PsiLine(int(values["total"]), float(values.get("avg10", 0)),
+                                float(values.get("avg60", 0)), float(values.get("avg300", 0)))
+        except (KeyError, ValueError):
+            continue
+    return out
+
+
+def read_pressure(d: Path) -> dict[str, dict[str, PsiLine]]:
+    """cpu/memory/io pressure of the v2 cgroup directory `d`; a missing file, no key."""
+    out: dict[str, dict[str, PsiLine]] = {}
+    for res in PSI_RESOURCES:
+        psi = parse_pressure(_read_text(d / f"{res}.pressure"))
+        if psi:
+            out[res] = psi
+    return out
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def _read_optional(path: Path) -> int | None:
+    """The first number in a file; None for no such file (or not a number)."""
     try:
         return int(path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
-        return 0
+        return None
+
+
+def _read_int(path: Path) -> int:
+    return _read_optional(path) or 0
+
+
+def _read_limit(path: Path) -> int | None:
+    """A limit file; None for "max", no limit, or no such file."""
+    value = _read_optional(path)
+    return value if value is not None and 0 <= value <= UNLIMITED else None
 
 
 def _read_kv(path: Path) -> dict[str, int]:
@@ -63,11 +158,20 @@ def _read_kv(path: Path) -> dict[str, int]:
 
 
 def read_usage(cgroups_path: str, root: Path = CGROUP_ROOT) -> Usage:
-    """Current usage; zeros for a cgroup that is gone (an exited container)."""
+    """Current usage; zeros (and nothing optional) for a cgroup that is gone."""
     rel = relative_dir(cgroups_path)
     if (root / "cgroup.controllers").exists():  # pure v2
         return _v2(root / rel)
     return _v1(root, rel)
+
+
+def read_pod(rel: str, root: Path = CGROUP_ROOT) -> tuple[int | None, Pressure]:
+    """(memory limit, pressure) of a pod's own cgroup directory `rel`."""
+    if (root / "cgroup.controllers").exists():
+        limit = _read_limit(root / rel / "memory.max")
+    else:
+        limit = _read_limit(root / "memory" / rel / "memory.limit_in_bytes")
+    return limit, read_pressure(unified_dir(root, rel))
 
 
 def _v2(d: Path) -> Usage:
@@ -82,6 +186,10 @@ def _v2(d: Path) -> Usage:
         page_faults=mem.get("pgfault", 0),
         major_page_faults=mem.get("pgmajfault", 0),
         processes=_read_int(d / "pids.current"),
+        memory_limit=_read_limit(d / "memory.max"),
+        swap_bytes=_read_optional(d / "memory.swap.current"),
+        swap_limit=_read_limit(d / "memory.swap.max"),
+        pressure=read_pressure(d),
     )
 
 
@@ -89,6 +197,8 @@ def _v1(root: Path, rel: str) -> Usage:
     mem_dir = root / "memory" / rel
     mem = _read_kv(mem_dir / "memory.stat")
     usage = _read_int(mem_dir / "memory.usage_in_bytes")
+    limit = _read_limit(mem_dir / "memory.limit_in_bytes")
+    memsw = _read_limit(mem_dir / "memory.memsw.limit_in_bytes")  # memory plus swap
     return Usage(
         cpu_ns=_read_int(root / "cpuacct" / rel / "cpuacct.usage"),
         memory_bytes=usage,
@@ -97,9 +207,14 @@ def _v1(root: Path, rel: str) -> Usage:
         page_faults=mem.get("total_pgfault", 0),
         major_page_faults=mem.get("total_pgmajfault", 0),
         processes=_read_int(root / "pids" / rel / "pids.current"),
+        memory_limit=limit,
+        swap_bytes=mem.get("total_swap"),  # only there with swap accounting
+        swap_limit=None if limit is None or memsw is None else max(0, memsw - limit),
+        pressure=read_pressure(unified_dir(root, rel)),
     )
 
 
 def add(a: Usage, b: Usage) -> Usage:
-    """Field-wise sum: a pod's usage is its containers' together."""
-    return Usage(*(x + y for x, y in zip(astuple(a), astuple(b), strict=True)))
+    """The counters summed: a pod's usage is its containers' together. Limits and
+    pressure belong to one cgroup and cannot be summed; the caller reads the pod's."""
+    return Usage(**{f: getattr(a, f) + getattr(b, f) for f in _COUNTERS})

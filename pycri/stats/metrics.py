@@ -28,7 +28,7 @@ from pycri.container.model import Container
 from pycri.errors import NotFound
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
-from pycri.stats.cgroups import CGROUP_ROOT, relative_dir
+from pycri.stats.cgroups import CGROUP_ROOT, Pressure, read_pressure, relative_dir, unified_dir
 
 COUNTER, GAUGE = "counter", "gauge"
 BASE_LABELS = ("pod", "namespace", "container", "id", "image")
@@ -250,18 +250,6 @@ def parse_io_stat(text: str) -> tuple[list[IoEntry], list[IoEntry]]:
     return nbytes, ops
 
 
-def parse_pressure(text: str) -> dict[str, int]:
-    """PSI file ("some avg10=.. total=USEC" / "full ..."): {"some": usec, "full": usec}."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        kind, *pairs = line.split()
-        for pair in pairs:
-            key, _, value = pair.partition("=")
-            if key == "total" and value.isdigit():
-                out[kind] = int(value)
-    return out
-
-
 def parse_soft_nofile(limits: str) -> int | None:
     """Soft "Max open files" from /proc/<pid>/limits (what cAdvisor reports)."""
     for line in limits.splitlines():
@@ -308,7 +296,7 @@ class CgroupReading:
     oom_kills: int = 0
     faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, scope) -> n
     hugetlb: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # size -> use, max
-    pressure: dict[str, dict[str, int]] = field(default_factory=dict)  # cpu/memory/io -> PSI
+    pressure: Pressure = field(default_factory=dict)
     io_bytes: list[IoEntry] = field(default_factory=list)
     io_ops: list[IoEntry] = field(default_factory=list)
     procs: list[int] = field(default_factory=list)
@@ -369,6 +357,7 @@ def _read_v1(root: Path, rel: str) -> CgroupReading:
     blkio = root / "blkio" / rel
     r.io_bytes = parse_blkio_v1(_text(blkio / "blkio.throttle.io_service_bytes_recursive"))
     r.io_ops = parse_blkio_v1(_text(blkio / "blkio.throttle.io_serviced_recursive"))
+    r.pressure = read_pressure(unified_dir(root, rel))  # hybrid hosts: on the v2 mount
     r.procs = _pids(pids_dir / "cgroup.procs")
     r.threads = len(_pids(pids_dir / "tasks"))
     r.threads_max = _int(pids_dir / "pids.max")
@@ -396,10 +385,7 @@ def _read_v2(d: Path) -> CgroupReading:
         r.faults[(kind, "container")] = r.faults[(kind, "hierarchy")] = stat.get(kind, 0)
     for f in sorted(d.glob("hugetlb.*.current")):
         r.hugetlb[f.name.split(".")[1]] = (_int(f), None)  # v2 keeps no peak
-    for res in ("cpu", "memory", "io"):
-        psi = parse_pressure(_text(d / f"{res}.pressure"))
-        if psi:
-            r.pressure[res] = psi
+    r.pressure = read_pressure(d)
     r.io_bytes, r.io_ops = parse_io_stat(_text(d / "io.stat"))
     r.procs = _pids(d / "cgroup.procs")
     r.threads = len(_pids(d / "cgroup.threads"))
@@ -559,9 +545,9 @@ def _emit_cpu_memory(emit: _Emitter, r: CgroupReading) -> None:
             emit("container_hugetlb_max_usage_bytes", peak, size)
     for res, psi in sorted(r.pressure.items()):
         if "full" in psi:
-            emit(f"container_pressure_{res}_stalled_seconds_total", psi["full"] // 10**6)
+            emit(f"container_pressure_{res}_stalled_seconds_total", psi["full"].total_us // 10**6)
         if "some" in psi:
-            emit(f"container_pressure_{res}_waiting_seconds_total", psi["some"] // 10**6)
+            emit(f"container_pressure_{res}_waiting_seconds_total", psi["some"].total_us // 10**6)
 
 
 def _emit_io(emit: _Emitter, r: CgroupReading) -> None:

@@ -120,6 +120,9 @@ def test_pod_metrics(node: Node) -> None:
     assert one(b, "container_cpu_user_seconds_total") + one(
         b, "container_cpu_system_seconds_total") >= 1
     assert one(b, "container_memory_usage_bytes") > 0
+    # PSI is on the v2 mount of this hybrid host: found there for v1 containers too.
+    for res in ("cpu", "memory", "io"):
+        assert values(b, f"container_pressure_{res}_waiting_seconds_total"), res
     assert one(b, "container_memory_working_set_bytes") > 0
     assert one(b, "container_processes") == 1
     assert one(b, "container_threads") == 1

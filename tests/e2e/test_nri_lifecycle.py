@@ -402,3 +402,41 @@ def _is_zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def test_create_adjustment_reaches_the_process_and_post_create(
+        node: Node, plugins: Callable[..., PluginThread]) -> None:
+    p = plugins()
+    adj = api.ContainerAdjustment(env=[api.KeyValue(key="FROM_NRI", value="yes")],
+                                  annotations={"nri.test/x": "1"})
+    p.plugin.replies["CreateContainer"] = api.CreateContainerResponse(adjust=adj)
+    sid, pod = node.run_pod("nri-adjusted")
+    cid = node.run(sid, pod, "c", SLEEP)
+    assert b"FROM_NRI=yes" in node.exec(cid, "env").stdout
+    spec = json.loads((node.tmp / "state" / "bundles" / cid / "config.json").read_text())
+    assert spec["annotations"]["nri.test/x"] == "1"
+    post = p.wait_for("PostCreateContainer", lambda r: r.container.id == cid)
+    assert "FROM_NRI=yes" in post.container.env  # told what it was created with
+
+
+def test_update_hook_changes_the_update_and_plugin_updates_fire_no_hook(
+        node: Node, plugins: Callable[..., PluginThread]) -> None:
+    p = plugins()
+    sid, pod = node.run_pod("nri-update")
+    cid = node.run(sid, pod, "c", SLEEP)
+
+    def halve(req: Any) -> api.UpdateContainerResponse:
+        u = api.ContainerUpdate(container_id=req.container.id)
+        u.linux.resources.cpu.shares.value = req.linux_resources.cpu.shares.value // 2
+        return api.UpdateContainerResponse(update=[u])
+    p.plugin.replies["UpdateContainer"] = halve
+    node.cri.runtime.UpdateContainerResources(pb.UpdateContainerResourcesRequest(
+        container_id=cid, linux=pb.LinuxContainerResources(cpu_shares=512)))
+    assert node.status(cid).resources.linux.cpu_shares == 256
+
+    hooks_before = p.names().count("UpdateContainer")
+    u = api.ContainerUpdate(container_id=cid)
+    u.linux.resources.cpu.shares.value = 128
+    assert p.update_containers([u]) == []  # unsolicited: applied, no failure
+    assert node.status(cid).resources.linux.cpu_shares == 128
+    assert p.names().count("UpdateContainer") == hooks_before  # no news to the plugins

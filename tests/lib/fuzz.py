@@ -357,7 +357,7 @@ def container_config(pool: Pool, command: list[str]) -> pb.ContainerConfig:
         log_path=f"{name}.log",
         labels={"fuzz": "1"},
         mounts=[pb.Mount(container_path="/data/host", host_path=str(pool.allowed / "vol"),
-                         readonly=True)],
+                         readonly=True, mount_options=["nosuid", "nodev"])],
         linux=pb.LinuxContainerConfig(
             resources=pb.LinuxContainerResources(memory_limit_in_bytes=256 << 20,
                                                  cpu_shares=512),

@@ -105,6 +105,16 @@ def test_container_from_its_spec() -> None:
     assert not r.devices[0].allow and not r.devices[0].HasField("major")
 
 
+def test_what_is_kept_of_a_spec_describes_the_container_alike() -> None:
+    full = {**SPEC, "root": {"path": "/x"},
+            "linux": {**SPEC["linux"], "seccomp": {"syscalls": [{"names": ["read"]}] * 100},
+                      "maskedPaths": ["/proc/kcore"]}}
+    kept = convert.spec_view(full)
+    assert "root" not in kept and set(kept["linux"]) == {
+        "namespaces", "devices", "resources", "cgroupsPath", "sysctl"}
+    assert convert.container(_container(), kept) == convert.container(_container(), full)
+
+
 def test_states_and_exit_follow_the_record() -> None:
     c = _container(pb.CONTAINER_EXITED)
     c.exit_code, c.reason, c.finished_at = 137, "OOMKilled", 9

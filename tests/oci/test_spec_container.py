@@ -9,6 +9,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
+from pycri.oci import bindopts
 from pycri.oci.seccomp import default_profile
 from pycri.oci.spec import (
     ALL_CAPABILITIES,
@@ -22,6 +23,7 @@ from pycri.oci.spec import (
     capabilities_from_mask,
     cgroups_path,
     cri_mounts,
+    image_volume_key,
     resources_to_oci,
     rro_key,
 )
@@ -376,6 +378,37 @@ def test_cri_mount_readonly_and_rro() -> None:
                     "options": ["rbind", "rprivate", "ro"]}]  # fmt: skip
     with pytest.raises(InvalidArgument, match="not staged"):
         cri_mounts([mount], {"/h": "/h"})
+
+
+def test_mount_options_merge_into_the_bind() -> None:
+    m = cri_mount(container_path="/d", host_path="/h",
+                  mount_options=["noexec", "nosuid", "nodev", "noexec"])["mount"]
+    assert m["options"] == ["rbind", "rprivate", "rw", "noexec", "nosuid", "nodev"]
+    # ro wins over rw both ways: a request can tighten a mount, never loosen it.
+    assert cri_mount(container_path="/d", host_path="/h", mount_options=["ro"])["mount"][
+        "options"] == ["rbind", "rprivate", "ro"]
+    assert cri_mount(container_path="/d", host_path="/h", readonly=True,
+                     mount_options=["rw", "exec"])["mount"]["options"] == [
+        "rbind", "rprivate", "ro", "exec"]
+    image = pb.Mount(container_path="/i", image=pb.ImageSpec(image="img"), readonly=True,
+                     mount_options=["nodev"])
+    out, _ = cri_mounts([image], {image_volume_key(0): "/views/0"})
+    assert out[0]["options"] == ["rbind", "rprivate", "ro", "nodev"]
+    rro = pb.Mount(container_path="/d", host_path="/h", readonly=True,
+                   recursive_read_only=True, mount_options=["noexec"])
+    out, _ = cri_mounts([rro], {rro_key(0): "/staged/0"})
+    assert out[0]["options"] == ["rbind", "rprivate", "ro", "noexec"]
+
+
+def test_bind_option_merge_rules() -> None:
+    assert bindopts.merge(["rbind", "rw", "exec"], ["noexec"]) == ["rbind", "rw", "noexec"]
+    assert bindopts.merge(["rw"], ["nosuid", "suid", "dev", "nodev"]) == [
+        "rw", "nosuid", "nodev"]
+    assert bindopts.merge(["rw"], ["noatime", "strictatime", "relatime"]) == ["rw", "relatime"]
+    assert bindopts.merge(["ro"], ["ro", "ro"]) == ["ro"]
+    assert bindopts.option_problem("noexec") is None
+    assert "'mode=0755' is not a bind-mount option" in str(bindopts.option_problem("mode=0755"))
+    assert bindopts.mount_attrs(["ro", "noexec", "nosuid", "nodev", "relatime"]) == 0xF
 
 
 def test_rro_needs_readonly_and_private() -> None:
