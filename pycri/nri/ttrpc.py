@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ TYPE_DATA = 0x3
 FLAG_REMOTE_CLOSED = 0x1
 FLAG_REMOTE_OPEN = 0x2
 
-MAX_INFLIGHT = 64  # concurrent requests served per channel; more get ResourceExhausted
+MAX_INFLIGHT = 64  # requests served at once per channel; more drop the connection
 
 
 def _wire_messages() -> dict[str, type[Message]]:
@@ -119,9 +119,13 @@ class Decoder:
     def __init__(self) -> None:
         self._buf = bytearray()
 
-    def feed(self, data: bytes) -> list[tuple[Header, bytes]]:
+    def feed(self, data: bytes) -> Iterator[tuple[Header, bytes]]:
+        """Takes `data` now; the complete messages are yielded lazily, so a consumer
+        that gives up (a flooding peer) stops the work where it is."""
         self._buf += data
-        out: list[tuple[Header, bytes]] = []
+        return self._messages()
+
+    def _messages(self) -> Iterator[tuple[Header, bytes]]:
         while len(self._buf) >= HEADER_LEN:
             h = Header(*HEADER.unpack_from(self._buf))
             if h.length > MAX_MESSAGE:
@@ -129,10 +133,10 @@ class Decoder:
                     f"ttrpc message of {h.length} bytes exceeds the {MAX_MESSAGE}-byte limit")
             end = HEADER_LEN + h.length
             if len(self._buf) < end:
-                break
-            out.append((h, bytes(self._buf[HEADER_LEN:end])))
+                return
+            body = bytes(self._buf[HEADER_LEN:end])
             del self._buf[:end]
-        return out
+            yield h, body
 
 
 # A served method: (service, method, request payload) -> response payload, or TTRPCError.
@@ -207,23 +211,30 @@ class Channel:
         if self._closed is not None:
             return
         try:
-            messages = self._decoder.feed(data)
+            for h, body in self._decoder.feed(data):
+                self._dispatch(h, body)
+                if self._closed is not None:
+                    return
         except ProtocolError as e:
             self._fail(str(e))
-            return
-        for h, body in messages:
-            if h.type == TYPE_RESPONSE:
-                fut = self._pending.get(h.stream_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(body)
-                else:
-                    log.debug("%s: response for unknown stream %d dropped", self._name, h.stream_id)
-            elif h.type == TYPE_REQUEST:
-                self._on_request(h, body)
+
+    def _dispatch(self, h: Header, body: bytes) -> None:
+        if h.type != TYPE_RESPONSE and len(self._serving) >= MAX_INFLIGHT:
+            # Every request costs a task until answered: a peer that keeps more than
+            # MAX_INFLIGHT open is flooding, not calling.
+            raise ProtocolError(f"peer has more than {MAX_INFLIGHT} requests in flight")
+        if h.type == TYPE_RESPONSE:
+            fut = self._pending.get(h.stream_id)
+            if fut is not None and not fut.done():
+                fut.set_result(body)
             else:
-                # Data messages only exist for streaming calls, which NRI never makes.
-                self._reply_status(h.stream_id, grpc.StatusCode.INVALID_ARGUMENT,
-                                   "ttrpc data messages are not supported (unary only)")
+                log.debug("%s: response for unknown stream %d dropped", self._name, h.stream_id)
+        elif h.type == TYPE_REQUEST:
+            self._on_request(h, body)
+        else:
+            # Data messages only exist for streaming calls, which NRI never makes.
+            self._reply_status(h.stream_id, grpc.StatusCode.INVALID_ARGUMENT,
+                               "ttrpc data messages are not supported (unary only)")
 
     def _on_request(self, h: Header, body: bytes) -> None:
         if h.stream_id % 2 != 1:
@@ -238,10 +249,6 @@ class Channel:
         if h.flags & (FLAG_REMOTE_OPEN | FLAG_REMOTE_CLOSED):
             self._reply_status(h.stream_id, grpc.StatusCode.UNIMPLEMENTED,
                                "streaming calls are not supported")
-            return
-        if len(self._serving) >= MAX_INFLIGHT:
-            self._reply_status(h.stream_id, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"more than {MAX_INFLIGHT} requests in flight")
             return
         task = asyncio.get_running_loop().create_task(self._serve(h.stream_id, body))
         self._serving.add(task)
