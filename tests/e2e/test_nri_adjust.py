@@ -204,3 +204,41 @@ def test_updates_in_replies_reach_the_containers_they_name(
     p.plugin.replies["CreateContainer"] = for_container("third", at_create)
     node.run(sid, cfg, "third", SLEEP, linux=small)
     assert memory_limit(node, a) == 120 * MiB
+
+
+def _relative_mount(adj: api.ContainerAdjustment, tmp: Path) -> None:
+    adj.mounts.append(api.Mount(destination="relative", type="bind", source=str(tmp),
+                                options=["rbind"]))
+
+
+def _cdi_device(adj: api.ContainerAdjustment, tmp: Path) -> None:
+    adj.CDI_devices.append(api.CDIDevice(name="vendor.example/gpu=0"))
+
+
+def _missing_source(adj: api.ContainerAdjustment, tmp: Path) -> None:
+    adj.mounts.append(api.Mount(destination="/gone", type="bind", source=str(tmp / "absent"),
+                                options=["rbind"]))
+
+
+@pytest.mark.parametrize("setup,problem", [
+    (_relative_mount, 'bad": mount destination \'relative\' must be an absolute path'),
+    (_cdi_device, "CDI devices vendor.example/gpu=0"),
+    (_missing_source, "absent"),
+], ids=["invalid-value", "unresolvable-cdi", "runtime-refuses"])
+def test_an_adjustment_that_cannot_be_done_fails_create_and_leaves_nothing(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig], plugins: Callable[..., PluginThread],
+    tmp_path: Path, setup: Callable[[api.ContainerAdjustment, Path], None], problem: str,
+) -> None:
+    sid, cfg = pod
+    reply = api.CreateContainerResponse()
+    setup(reply.adjust, tmp_path)
+    p = plugins("bad", "10")
+    p.plugin.replies["CreateContainer"] = reply
+    before = per_object_dirs(node)
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, cfg, "refused", SLEEP)
+    assert problem in (e.value.details() or ""), e.value.details()
+    assert node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers == []
+    assert per_object_dirs(node) == before
+    p.plugin.replies["CreateContainer"] = api.CreateContainerResponse()
+    node.run(sid, cfg, "refused", SLEEP)
