@@ -1,7 +1,8 @@
 """NRI adjustments and updates on a real node: what plugins ask for is seen inside real
 containers (env, a mount, an rlimit) and in their cgroups (memory limit), two plugins
 setting one field fail CreateContainer and leave nothing, and updates a plugin sends, on
-its own or in a reply to UpdateContainer, reach other containers' cgroups."""
+its own or in replies to CreateContainer, UpdateContainer and StopContainer, reach
+other containers' cgroups."""
 
 from __future__ import annotations
 
@@ -183,7 +184,7 @@ def test_updates_in_replies_reach_the_containers_they_name(
         memory_limit_in_bytes=64 * MiB))
     a = node.run(sid, cfg, "updated", SLEEP, linux=small)
     b = node.run(sid, cfg, "bystander", SLEEP, linux=small)
-    p = plugins("neighbour", "40", ("CreateContainer", "UpdateContainer"))
+    p = plugins("neighbour", "40", ("CreateContainer", "UpdateContainer", "StopContainer"))
 
     # At UpdateContainer of a: b gets more memory.
     at_update = api.UpdateContainerResponse()
@@ -202,8 +203,17 @@ def test_updates_in_replies_reach_the_containers_they_name(
     upd = at_create.update.add(container_id=a)
     upd.linux.resources.memory.limit.value = 120 * MiB
     p.plugin.replies["CreateContainer"] = for_container("third", at_create)
-    node.run(sid, cfg, "third", SLEEP, linux=small)
+    third = node.run(sid, cfg, "third", SLEEP, linux=small)
     assert memory_limit(node, a) == 120 * MiB
+
+    # At StopContainer of the third: b gets more again.
+    at_stop = api.StopContainerResponse()
+    again = at_stop.update.add(container_id=b)
+    again.linux.resources.memory.limit.value = 130 * MiB
+    p.plugin.replies["StopContainer"] = lambda req: (
+        at_stop if req.container.id == third else api.StopContainerResponse())
+    node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=third, timeout=0))
+    assert memory_limit(node, b) == 130 * MiB
 
 
 def _relative_mount(adj: api.ContainerAdjustment, tmp: Path) -> None:
