@@ -145,10 +145,15 @@ def _no_nul(plugin: str, msg: Message, where: str) -> None:
                 raise _fail(plugin, f"{path}: contains a NUL byte")
 
 
+def _clean(path: str) -> str:
+    """A container path as the spec holds it (normpath keeps a leading '//')."""
+    return posixpath.normpath(path).replace("//", "/")
+
+
 def _absolute(plugin: str, what: str, path: str) -> str:
     if not path.startswith("/"):
         raise _fail(plugin, f"{what} {path!r} must be an absolute path")
-    return posixpath.normpath(path).replace("//", "/")
+    return _clean(path)
 
 
 def _check_mount(plugin: str, m: api.Mount) -> None:
@@ -548,7 +553,7 @@ def take_update(
 
 def _oci_mount(m: api.Mount) -> dict[str, Any]:
     kind = m.type or "bind"
-    return {"destination": posixpath.normpath(m.destination).replace("//", "/"),
+    return {"destination": _clean(m.destination),
             "type": kind, "source": m.source, "options": list(m.options)}
 
 
@@ -556,7 +561,7 @@ def _apply_mounts(doc: dict[str, Any], mounts: Sequence[api.Mount]) -> None:
     current: list[dict[str, Any]] = doc.setdefault("mounts", [])
     for m in mounts:
         dest, marked = _unmark(m.destination)
-        dest = posixpath.normpath(dest).replace("//", "/")
+        dest = _clean(dest)
         current = [x for x in current if x["destination"] != dest]
         if marked:
             continue
