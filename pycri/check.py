@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pycri.config import Config
+from pycri.oci import mounts, userns
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
@@ -133,6 +134,25 @@ def _disk(cfg: Config) -> Check:
     return Check("disk", True, detail)
 
 
+def _user_namespaces(cfg: Config) -> Iterator[Check]:
+    """What `Status` advertises as features.user_namespaces, with the reason where not."""
+    area, store = mounts.rootfs_area(cfg.state), Path(cfg.root)
+    if area.is_dir() and store.is_dir():
+        kernel = userns.probe_kernel(store, area)
+    else:
+        kernel = f"not probed: {area} or {store} does not exist yet (start pycri once)"
+    for name, h in sorted(cfg.runtimes.items()):
+        problem = kernel or userns.runtime_problem(_version(h.path))
+        if problem:
+            yield Check(f"user namespaces ({name})", False, problem,
+                        "see README: user namespaces need kernel idmapped mounts under "
+                        "overlayfs, runc >= 1.1 or crun >= 1.8, and a state dir others can "
+                        "search (0711)")
+        else:
+            yield Check(f"user namespaces ({name})", True,
+                        "pods with hostUsers: false can run (idmapped layers and volumes)")
+
+
 def run_checks(cfg: Config) -> list[Check]:
     producers: list[Callable[[], Check | Iterator[Check]]] = [
         *(
@@ -146,6 +166,7 @@ def run_checks(cfg: Config) -> list[Check]:
         _namespaces,
         lambda: _cni(cfg),
         lambda: _disk(cfg),
+        lambda: _user_namespaces(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

@@ -17,6 +17,8 @@ from typing import Any
 
 import tomli_w
 
+from pycri import procs
+
 DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
 
 
@@ -68,7 +70,7 @@ class ImagesConfig:
 
 @dataclass
 class StreamingConfig:
-    """Bounds on the unauthenticated streaming port and on each SPDY session (issue 8)."""
+    """Bounds on the unauthenticated streaming port and on each SPDY or WebSocket session."""
 
     # Connections of any kind, and those still sending their request head (no token yet).
     max_connections: int = 512
@@ -87,6 +89,15 @@ class StreamingConfig:
     # connections); clamped so at least `fd_reserve` of RLIMIT_NOFILE stay for the rest.
     max_fds: int = 8192
     fd_reserve: int = 1024
+
+
+@dataclass
+class HelpersConfig:
+    """Helper processes pycri starts itself (runtime CLI calls, CNI plugins, conmon)."""
+
+    # How many run at once; more wait their turn. A burst of forks on the event loop
+    # (hundreds of `runtime state` at recovery) starves it and floods it with exits.
+    max_concurrent: int = procs.DEFAULT_MAX_CONCURRENT
 
 
 @dataclass
@@ -131,6 +142,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    helpers: HelpersConfig = field(default_factory=HelpersConfig)
     nri: NRIConfig = field(default_factory=NRIConfig)
 
     # Paths derived from root/state; the only place that lays them out.
@@ -236,6 +248,8 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"streaming.{f.name}: must be positive")
     if cfg.streaming.max_pending > cfg.streaming.max_connections:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
+    if cfg.helpers.max_concurrent < 1:
+        raise ConfigError("helpers.max_concurrent: must be at least 1")
     for key in ("registration_timeout", "request_timeout"):
         if getattr(cfg.nri, key) <= 0:
             raise ConfigError(f"nri.{key}: must be positive")
@@ -296,6 +310,7 @@ __all__ = [
     "CNIConfig",
     "Config",
     "ConfigError",
+    "HelpersConfig",
     "ImagesConfig",
     "NRIConfig",
     "RuntimeHandler",

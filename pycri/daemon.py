@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from pycri import malloc
+from pycri import malloc, procs
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
@@ -33,6 +33,7 @@ from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
 from pycri.nri import adjust
 from pycri.nri.adaptation import Adaptation
+from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
@@ -113,7 +114,8 @@ class Daemon:
         except StoreLocked as e:
             raise DaemonError(str(e)) from None
         self.reaper = Reaper()
-        self.reaper.start()  # also makes us a child subreaper
+        self.reaper.start()  # a child subreaper; child exits come through pidfds
+        procs.set_max_concurrent(cfg.helpers.max_concurrent)
         pinned = [cfg.pause_image] if cfg.pause_image else []
         self.images = images = ImageManager(root, cfg.images, store, pinned)
         images.recover()
@@ -130,11 +132,22 @@ class Daemon:
         # Watch first, so exits during recovery arrive; exits of records not loaded yet
         # are picked up by recover() from the exit files themselves.
         launcher.watch()
-        await sandboxes.recover()
-        await containers.recover()
+        # What user-namespaced pods can run with is probed while recovery runs (~0.1 s).
+        probe = asyncio.ensure_future(userns.probe(
+            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime, root,
+            mounts.open_rootfs_area(cfg.state)))
+        try:
+            await sandboxes.recover()
+            await containers.recover()
+        finally:
+            support = await probe
+        sandboxes.userns_support = support
+        if support.kernel_problem:
+            log.info("pods with their own user namespace cannot run here: %s",
+                     support.kernel_problem)
         if cfg.nri.enable:
             await self._start_nri(nri, sandboxes, containers, launcher)
-        node = NodeStatus(cfg, store, cni.status)
+        node = NodeStatus(cfg, store, cni.status, support)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -161,8 +160,8 @@ class Launcher:
         self._monitors[oid] = asyncio.create_task(self._monitor(oid, conmon_pid, alive))
 
     async def _monitor(self, oid: str, conmon_pid: int, alive: bool) -> None:
-        if alive:
-            await conmon.wait_gone(conmon_pid, math.inf)
+        if alive:  # one pidfd notices its end and reaps it
+            await self.reaper.wait(conmon_pid)
         if self.exit_code(oid) is not None:  # conmon reported the exit, as it should
             return
         try:
@@ -194,8 +193,7 @@ class Launcher:
                 await runtime.kill(oid, signal.SIGKILL, all_processes=True)
         pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
         if pid:
-            await conmon.wait_gone(pid, 10.0)
-            self.reaper.track(pid)
+            await self.reaper.wait(pid, 10.0)
 
     def monitor_alive(self, oid: str) -> bool:
         """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),
@@ -228,7 +226,7 @@ class Launcher:
         if monitor is not None:  # ends once the exit is recorded, by conmon or by us
             waits.append(asyncio.ensure_future(asyncio.shield(monitor)))
         elif pid:
-            waits.append(asyncio.ensure_future(conmon.wait_gone(pid, timeout or 1e9)))
+            waits.append(asyncio.ensure_future(self.reaper.wait(pid, timeout)))
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:

@@ -207,6 +207,11 @@ BAD: list[tuple[str, object, str]] = [
      "config.devices[0].a device path may not be '/'"),
     ("mount over the root", ctr(mounts=[pb.Mount(container_path="/", host_path="/tmp")]),
      "config.mounts[0].container_path: must name a path inside the container"),
+    ("bind inside the container's procfs (found by fuzzing: runc's opaque refusal)",
+     ctr(mounts=[pb.Mount(container_path="/proc/self/root", host_path="/tmp")]),
+     "config.mounts[0].container_path: /proc is the container's own procfs"),
+    ("bind over /proc", ctr(mounts=[pb.Mount(container_path="/proc", host_path="/tmp")]),
+     "config.mounts[0].container_path: /proc is the container's own procfs"),
     ("mount without a destination", ctr(mounts=[pb.Mount(host_path="/tmp")]),
      "config.mounts[0].container_path: must name"),
     ("log path component over NAME_MAX", ctr(log_path="9" * 256),
@@ -218,6 +223,29 @@ BAD: list[tuple[str, object, str]] = [
      "config.linux.cgroup_parent: has a path component longer than 255"),
     ("relative read-only path", csc(readonly_paths=["9" * 10]),
      "security_context.readonly_paths[0]: must be an absolute path"),
+    # pod overhead and pod-level resources (issue 15)
+    ("pod memory below the floor", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20))),
+     "config.linux.resources.memory_limit_in_bytes: 1048576 is outside"),
+    ("negative overhead memory", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-5))),
+     "config.linux.overhead.memory_limit_in_bytes: -5 is outside"),
+    ("overhead quota below 1 ms", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(cpu_quota=10, cpu_period=100000))),
+     "config.linux.overhead.cpu_quota: 10 is outside"),
+    ("pod cpu period over 1 s", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpu_period=2_000_000))),
+     "config.linux.resources.cpu_period: 2000000 is outside"),
+    ("pod shares over the kernel's", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpu_shares=300_000))),
+     "config.linux.resources.cpu_shares: 300000 is outside"),
+    ("pod-level cpuset", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(cpuset_cpus="0"))),
+     "config.linux.resources.cpuset_cpus: a pod-level limit can only be one of"),
+    ("overhead huge pages", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
+            page_size="2MB", limit=1)]))),
+     "config.linux.overhead.hugepage_limits: a pod-level limit can only be one of"),
 ]
 
 
@@ -282,6 +310,10 @@ GOOD: list[tuple[str, object]] = [
     ("stop with the default timeout", pb.StopContainerRequest(container_id="ab", timeout=0)),
     ("remove of an unknown id", pb.RemoveContainerRequest(container_id="0" * 64)),
     ("version", pb.VersionRequest(version="0.1.0")),
+    ("lxcfs-style bind over a procfs file", ctr(mounts=[
+        pb.Mount(container_path="/proc/meminfo", host_path="/var/lib/lxcfs/proc/meminfo")])),
+    ("a directory named like procfs elsewhere", ctr(mounts=[
+        pb.Mount(container_path="/procedures", host_path="/tmp")])),
     ("port forward", pb.PortForwardRequest(pod_sandbox_id="ab", port=[8080])),
     ("pull with credentials", pb.PullImageRequest(
         image=pb.ImageSpec(image="127.0.0.1:5000/a/b:c@sha256:" + "0" * 64),
@@ -297,6 +329,12 @@ GOOD: list[tuple[str, object]] = [
         resources=pb.LinuxContainerResources(cpuset_cpus="0-1,3", cpuset_mems="0",
                                              hugepage_limits=[pb.HugepageLimit(
                                                  page_size="2MB", limit=0)])))),
+    ("kubelet pod overhead and resources", run(linux=pb.LinuxPodSandboxConfig(
+        cgroup_parent="/kubepods/burstable/pod1",
+        overhead=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=1000, cpu_shares=10,
+                                            memory_limit_in_bytes=5 << 20),
+        resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=-1, cpu_shares=2,
+                                             memory_limit_in_bytes=64 << 20)))),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]
@@ -375,3 +413,84 @@ def test_every_request_type_is_accepted_or_refused_with_invalid_argument() -> No
                 assert ": " in str(e)  # names the field
                 refused += 1
     assert refused > 0 and accepted > 0
+
+
+# -- user namespaces (NamespaceOption.userns_options) ------------------------------------
+
+
+def _userns(mode: int = pb.POD, uids: list[pb.IDMapping] | None = None,
+            gids: list[pb.IDMapping] | None = None, **ns: int) -> pb.NamespaceOption:
+    m = [pb.IDMapping(host_id=65536, length=65536)]
+    return pb.NamespaceOption(userns_options=pb.UserNamespace(
+        mode=mode, uids=m if uids is None else uids, gids=m if gids is None else gids), **ns)
+
+
+def _userns_pod(ns: pb.NamespaceOption, privileged: bool = False) -> pb.RunPodSandboxRequest:
+    return run(linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
+        namespace_options=ns, privileged=privileged)))
+
+
+USERNS = "config.linux.security_context.namespace_options.userns_options."
+USERNS_BAD = [
+    ("container mode", _userns_pod(_userns(pb.CONTAINER, [], [])), USERNS + "mode: a user "
+     "namespace per container (CONTAINER, TARGET) is not supported"),
+    ("target mode", _userns_pod(_userns(pb.TARGET, [], [])), USERNS + "mode: a user namespace"),
+    ("POD without mappings", _userns_pod(_userns(uids=[], gids=[])),
+     USERNS + "mode POD needs exactly one uid and one gid mapping (got 0 and 0)"),
+    ("two mappings", _userns_pod(_userns(uids=[pb.IDMapping(host_id=1000, length=10)] * 2)),
+     "exactly one uid and one gid mapping (got 2 and 1)"),
+    ("container ID 0 not mapped", _userns_pod(_userns(
+        uids=[pb.IDMapping(container_id=1, host_id=1000, length=10)])),
+     USERNS + "mode POD needs container ID 0 mapped"),
+    ("different shapes", _userns_pod(_userns(gids=[pb.IDMapping(host_id=65536, length=1000)])),
+     USERNS + "uid and gid mappings must have the same shape (lengths 65536 and 1000)"),
+    ("host root mapped", _userns_pod(_userns(uids=[pb.IDMapping(host_id=0, length=65536)],
+                                             gids=[pb.IDMapping(host_id=0, length=65536)])),
+     USERNS + "uids[0].host_id: 0 would map the host's root into the pod"),
+    ("empty mapping", _userns_pod(_userns(uids=[pb.IDMapping(host_id=9, length=0)],
+                                          gids=[pb.IDMapping(host_id=9, length=0)])),
+     USERNS + "uids[0].length: must be at least 1"),
+    ("mapping past 2^32", _userns_pod(_userns(
+        uids=[pb.IDMapping(host_id=2**32 - 10, length=65536)],
+        gids=[pb.IDMapping(host_id=2**32 - 10, length=65536)])), "maps IDs past 4294967294"),
+    ("NODE with mappings", _userns_pod(_userns(pb.NODE)), USERNS + "uids: mappings need mode POD"),
+    ("privileged", _userns_pod(_userns(), privileged=True),
+     "config.linux.security_context.privileged: not allowed with a user namespace"),
+    ("host network", _userns_pod(_userns(network=pb.NODE)),
+     "namespace_options.network: a pod with its own user namespace cannot use the host's"),
+    ("host PID", _userns_pod(_userns(pid=pb.NODE)), "namespace_options.pid: a pod with its own"),
+    ("host IPC", _userns_pod(_userns(ipc=pb.NODE)), "namespace_options.ipc: a pod with its own"),
+    ("privileged container", ctr(linux=pb.LinuxContainerConfig(
+        security_context=pb.LinuxContainerSecurityContext(privileged=True,
+                                                          namespace_options=_userns()))),
+     "config.linux.security_context.privileged: not allowed with a user namespace"),
+    ("mount with uid mappings only", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/h", uidMappings=[pb.IDMapping(host_id=1, length=1)])]),
+     "config.mounts[0].uidMappings: an idmapped mount needs both"),
+    ("mount mapping host root", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/h", uidMappings=[pb.IDMapping(host_id=0, length=9)],
+        gidMappings=[pb.IDMapping(host_id=0, length=9)])]),
+     "config.mounts[0].uidMappings[0].host_id: 0 would map the host's root"),
+]
+
+
+@pytest.mark.parametrize(("request_", "message"), [(r, m) for _, r, m in USERNS_BAD],
+                         ids=[n for n, _, _ in USERNS_BAD])
+def test_user_namespace_refusals_name_the_problem(request_: object, message: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        check_request(request_)  # type: ignore[arg-type]
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("request_", [
+    _userns_pod(_userns()),  # as the kubelet sends hostUsers: false
+    _userns_pod(_userns(uids=[pb.IDMapping(host_id=1000, length=100000)],  # critest's
+                        gids=[pb.IDMapping(host_id=1000, length=100000)])),
+    _userns_pod(_userns(pb.NODE, [], [])),
+    _userns_pod(pb.NamespaceOption()),
+    ctr(mounts=[pb.Mount(container_path="/m", host_path="/h",
+                         uidMappings=[pb.IDMapping(host_id=65536, length=65536)],
+                         gidMappings=[pb.IDMapping(host_id=65536, length=65536)])]),
+], ids=["kubelet", "critest", "node", "unset", "idmapped mount"])
+def test_user_namespace_requests_accepted(request_: object) -> None:
+    check_request(request_)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import posixpath
 import signal
 import time
@@ -37,7 +38,7 @@ from pycri.errors import (
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
-from pycri.image.snapshots import resolve_within
+from pycri.image.snapshots import Idmap, resolve_within
 from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
@@ -45,7 +46,7 @@ from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.nri import adjust, convert
 from pycri.nri.adaptation import Adaptation
 from pycri.nri.api import api_pb2 as nri_api
-from pycri.oci import mounts, seccomp, spec
+from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
@@ -101,6 +102,38 @@ def parse_signal(name: str) -> int:
         raise InvalidArgument(f"unknown stop signal {name!r}") from None
 
 
+_RT_PLUS, _RT_MINUS = "SIGRTMINPLUS", "SIGRTMAXMINUS"
+
+
+def signal_of_cri(value: int) -> str:
+    """A CRI `Signal` (ContainerConfig.stop_signal) as the number parse_signal takes;
+    "" for RUNTIME_DEFAULT (the image's STOPSIGNAL, else SIGTERM)."""
+    if not value:
+        return ""
+    name = pb.Signal.Name(value).removeprefix("SIGNAL_")
+    if name.startswith(_RT_PLUS):
+        return str(signal.SIGRTMIN + int(name.removeprefix(_RT_PLUS)))
+    if name.startswith(_RT_MINUS):
+        return str(signal.SIGRTMAX - int(name.removeprefix(_RT_MINUS)))
+    return str(int(signal.Signals[name]))
+
+
+def cri_signal(signum: int) -> int:
+    """The CRI `Signal` of a signal number (ContainerStatus.stop_signal); real-time
+    signals by their distance from SIGRTMIN or SIGRTMAX, as the CRI names them."""
+    lo, hi = int(signal.SIGRTMIN), int(signal.SIGRTMAX)
+    if lo < signum <= lo + 15:
+        name = f"{_RT_PLUS}{signum - lo}"
+    elif hi - 14 <= signum < hi:
+        name = f"{_RT_MINUS}{hi - signum}"
+    else:
+        try:
+            name = signal.Signals(signum).name
+        except ValueError:
+            return pb.SIGNAL_RUNTIME_DEFAULT
+    return pb.Signal.Value(f"SIGNAL_{name}")
+
+
 class ContainerManager:
     def __init__(
         self,
@@ -122,7 +155,7 @@ class ContainerManager:
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
-        self.rro_root = Path(cfg.state) / "rro"
+        self.rro_root = mounts.staging_area(cfg.state)
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
@@ -181,6 +214,7 @@ class ContainerManager:
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
         config = _with_pod_namespaces(config, sb.config)
+        _check_mount_maps(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
             raise NotFound(f"image {config.image.image!r} not found; pull it first")
@@ -226,12 +260,16 @@ class ContainerManager:
                            "found; pull it first")
         return image.id
 
-    async def _mount_image_volumes(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
-        """Read-only views of the image volumes, by their spec.image_volume_key."""
+    async def _mount_image_volumes(
+        self, c: Container, idmap: Idmap | None, undo: AsyncExitStack
+    ) -> dict[str, str]:
+        """Read-only views of the image volumes, by their spec.image_volume_key (idmapped
+        like the rootfs when the mount has the pod's mappings)."""
         sources: dict[str, str] = {}
         for i, key in c.image_volumes():
             m = c.config.mounts[i]
-            view = await self.images.prepare_view(key, c.mount_image_ids[i])
+            view = await self.images.prepare_view(
+                key, c.mount_image_ids[i], idmap if spec.is_idmapped(m) else None)
             undo.push_async_callback(self.images.remove_view, key)
             source = resolve_within(view, m.image_sub_path) if m.image_sub_path else view
             sources[spec.image_volume_key(i)] = str(source)
@@ -240,28 +278,40 @@ class ContainerManager:
     def rro_dir(self, cid: str) -> Path:
         return self.rro_root / cid
 
-    def _stage_recursive_readonly(self, c: Container) -> dict[str, str]:
-        """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key;
-        they live only until the runtime has bound them into the container. Runs in a
-        worker thread: stat and mount of a host path can block (a hung NFS server)."""
+    def _stage_mounts(self, c: Container, idmap: Idmap | None) -> dict[str, str]:
+        """Host-side copies of the recursively read-only mounts (by spec.rro_key) and of the
+        idmapped ones (by spec.idmap_key, read-only too if asked); they live only until
+        the runtime has bound them into the container. Runs in a worker thread: stat and
+        mount of a host path can block (a hung NFS server)."""
         sources: dict[str, str] = {}
-        for i, m in enumerate(c.config.mounts):
-            if not m.recursive_read_only or m.image.image:
-                continue
-            spec.check_recursive_read_only(m)
-            host = mounts.validate_host_path(m.host_path)
-            target = self.rro_dir(c.id) / str(i)
-            mounts.stage_recursive_readonly(host.path, target, m.mount_options)
-            sources[spec.rro_key(i)] = str(target)
+        userns_fd = userns.open_userns(idmap.userns) if idmap else -1
+        try:
+            for i, m in enumerate(c.config.mounts):
+                idmapped = spec.is_idmapped(m)
+                if not (m.recursive_read_only or idmapped) or m.image.image:
+                    continue
+                if m.recursive_read_only:
+                    spec.check_recursive_read_only(m)
+                host = mounts.validate_host_path(m.host_path)
+                target = self.rro_dir(c.id) / str(i)
+                if idmapped:  # _check_mount_maps made sure the pod has a user namespace
+                    mounts.stage_idmapped(host.path, target, userns_fd, m.recursive_read_only)
+                    sources[spec.idmap_key(i)] = str(target)
+                else:
+                    mounts.stage_recursive_readonly(host.path, target, m.mount_options)
+                    sources[spec.rro_key(i)] = str(target)
+        finally:
+            if userns_fd >= 0:
+                os.close(userns_fd)
         return sources
 
-    def _unstage_recursive_readonly(self, c: Container) -> None:
+    def _unstage(self, c: Container) -> None:
         mounts.unstage_all(self.rro_dir(c.id))
 
     def _sweep_staging(self) -> None:
         """At start no create is in flight: every staged copy is a crash's leftover."""
         for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
-            log.info("removing recursive read-only copies left by a crash in %s", staging)
+            log.info("removing staged mounts left by a crash in %s", staging)
             mounts.unstage_all(staging)
 
     async def _remove_image_volumes(self, c: Container) -> None:
@@ -278,23 +328,32 @@ class ContainerManager:
     ) -> dict[str, Any]:
         """Everything up to the created process; returns the spec it was created with."""
         config = c.config
+        idmap = self.sandboxes.idmap(sb)
         async with step("preparing the rootfs"):
-            rootfs = await self.images.prepare_rootfs(c.id, c.image_id)
+            rootfs = await self.images.prepare_rootfs(c.id, c.image_id, idmap)
             undo.push_async_callback(self.images.remove_rootfs, c.id)
         async with step("mounting image volumes"):
-            volumes = await self._mount_image_volumes(c, undo)
-        async with step("staging recursive read-only mounts"):
-            undo.callback(self._unstage_recursive_readonly, c)
-            volumes |= await asyncio.to_thread(self._stage_recursive_readonly, c)
+            volumes = await self._mount_image_volumes(c, idmap, undo)
+        async with step("staging recursive read-only and idmapped mounts"):
+            undo.callback(self._unstage, c)
+            volumes |= await asyncio.to_thread(self._stage_mounts, c, idmap)
+            runtime_rootfs = rootfs
+            if idmap is not None:
+                staging = mounts.rootfs_staging(self.cfg.state, c.id)
+                undo.callback(mounts.unstage_all, staging)
+                runtime_rootfs = await asyncio.to_thread(
+                    mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
-            c.stop_signal = image.stop_signal
+            # The pod spec's stop signal (ContainerConfig.stop_signal) over the image's.
+            c.stop_signal = signal_of_cri(config.stop_signal) or image.stop_signal
             parse_signal(c.stop_signal)
             user, profile = await asyncio.to_thread(self._read_identity, c, image, rootfs)
             c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
             # Host paths, mountinfo, /dev and the pod's files are read: off the loop.
             doc = await asyncio.to_thread(
-                self._spec, c, sb, image, rootfs, volumes, user, profile, self._pid_ns(c, sb)
+                self._spec, c, sb, image, runtime_rootfs, volumes, user, profile,
+                self._pid_ns(c, sb),
             )
         async with step("NRI CreateContainer"):
             undo.push_async_callback(self.nri.undo_create_container, c)
@@ -319,9 +378,9 @@ class ContainerManager:
             )
             undo.push_async_callback(self.launcher.delete, c.id, c.handler)
             c.pid, c.conmon_pid = created.pid, created.conmon_pid
-        # The container's mount namespace holds its own read-only copies now; the host's
-        # staged copies would only keep the source's mount points busy (EBUSY on rmdir).
-        self._unstage_recursive_readonly(c)
+        # The container's mount namespace holds its own copies now; the host's staged
+        # copies would only keep the source's mount points busy (EBUSY on rmdir).
+        await asyncio.to_thread(self._unstage, c)
         return doc
 
     @staticmethod
@@ -394,7 +453,11 @@ class ContainerManager:
             devices=devices,
             host_devices=mounts.host_devices() if sc.privileged else (),
             mount_sources=sources,
+            selinux_enabled=self.sandboxes.selinux,
+            userns=self.sandboxes.userns(sb),
         )
+        if not self.sandboxes.selinux:
+            selinux.ignored(f"container {c.id}", selinux.container_fields(config))
         return spec.container_spec(config, sb.config, image, ctx)
 
     def _pid_ns(self, c: Container, sb: Sandbox) -> str | None:
@@ -484,9 +547,10 @@ class ContainerManager:
             await self.launcher.wait_exit(c.id, KILL_WAIT)
         await self._nri_stopped(c)
         await self.launcher.delete(c.id, c.handler)
+        await asyncio.to_thread(mounts.unstage_all, mounts.rootfs_staging(self.cfg.state, c.id))
         await self.images.remove_rootfs(c.id)
         await self._remove_image_volumes(c)
-        self._unstage_recursive_readonly(c)  # left only by a crash during create
+        self._unstage(c)  # left only by a crash during create
         if not c.log_path:
             (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
         self._cpu_samples.pop(c.id, None)
@@ -780,7 +844,28 @@ def _with_pod_namespaces(
     ns = out.linux.security_context.namespace_options
     pod_ns = pod.linux.security_context.namespace_options
     ns.network, ns.ipc = pod_ns.network, pod_ns.ipc
+    if pod_ns.HasField("userns_options"):  # and every container shares the pod's user ns
+        ns.userns_options.CopyFrom(pod_ns.userns_options)
+    else:
+        ns.ClearField("userns_options")
     return out
+
+
+def _check_mount_maps(config: pb.ContainerConfig, pod: pb.PodSandboxConfig) -> None:
+    """An idmapped mount is made with the pod's user namespace, so its mappings must be
+    the pod's (the kubelet sends them so); the request gate checked their syntax."""
+    maps = spec.pod_id_maps(pod)
+    for m in config.mounts:
+        if not spec.is_idmapped(m):
+            continue
+        if maps is None:
+            raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings need a pod with "
+                                  "its own user namespace")
+        got = (tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.uidMappings),
+               tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.gidMappings))
+        if got != maps:
+            raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings must be the "
+                                  "pod's user namespace mappings")
 
 
 def _to_json(msg: Any) -> str:

@@ -13,6 +13,7 @@ import builtins
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -25,9 +26,10 @@ from typing import Any, Protocol
 from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
-from pycri.errors import InvalidArgument, NotFound, PycriError
+from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
+from pycri.image.snapshots import Idmap
 from pycri.launcher import Launcher
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.network import (
@@ -42,10 +44,10 @@ from pycri.network import (
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
 from pycri.nri.adaptation import Adaptation
-from pycri.oci import seccomp, spec
+from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
-from pycri.sandbox import podfiles
+from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
 
@@ -134,6 +136,9 @@ class SandboxManager:
         self.state_root = Path(cfg.state) / "sandboxes"
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
         self.capabilities = own_capabilities()
+        self.selinux = selinux.enabled()
+        # What this host can do for pods with their own user namespace (probed at start).
+        self.userns_support: userns.Support | None = None
 
     # -- lookup ------------------------------------------------------------------
 
@@ -181,6 +186,30 @@ class SandboxManager:
         shm = self.shm_path(sb)
         return str(shm) if shm else "/dev/shm"
 
+    def userns(self, sb: Sandbox) -> spec.UserNamespace | None:
+        """The pod's own user namespace (pinned in its state dir), if it has one."""
+        maps = spec.pod_id_maps(sb.config)
+        if maps is None:
+            return None
+        return spec.UserNamespace(str(self.state_dir(sb.id) / "userns"), *maps)
+
+    def idmap(self, sb: Sandbox) -> Idmap | None:
+        """How the pod's layers and volumes are shown to its user namespace, if it has one."""
+        ns = self.userns(sb)
+        if ns is None:
+            return None
+        return Idmap(Path(ns.path), ns.uids[0].host_id, ns.gids[0].host_id)
+
+    def _check_userns_support(self, sb: Sandbox) -> None:
+        if spec.pod_id_maps(sb.config) is None:
+            return
+        support = self.userns_support
+        problem = support.problem(sb.runtime_handler) if support else "not probed"
+        if problem:
+            raise FailedPrecondition(
+                f"runtime handler {sb.runtime_handler!r} cannot run pods with their own user "
+                f"namespace on this host: {problem}")
+
     def _save(self, sb: Sandbox) -> None:
         sb.revision += 1
         self.store.put(KIND, sb.id, sb.to_record())
@@ -193,7 +222,6 @@ class SandboxManager:
         handler = self.launcher.handler_name(runtime_handler)
         sid = new_id()
         self.names.reserve(name_key(md), sid)
-        self._running.add(sid)
         sb = Sandbox(
             id=sid,
             config=config,
@@ -202,6 +230,8 @@ class SandboxManager:
             created_at=time.time_ns(),
             cgroup_parent=config.linux.cgroup_parent,
         )
+        self._check_userns_support(sb)
+        self._running.add(sid)
         try:
             async with self.lock(sid), AsyncExitStack() as undo:
                 # Written first, so a crash half-way leaves a NOTREADY pod that
@@ -237,17 +267,29 @@ class SandboxManager:
     async def _setup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
         config = sb.config
         pod_dir, state_dir = self.pod_dir(sb.id), self.state_dir(sb.id)
+        ns = self.userns(sb)
+        idmap = self.idmap(sb)
+        owner = (idmap.uid, idmap.gid) if idmap else None
         async with step("writing pod files"):
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             undo.callback(shutil.rmtree, state_dir, True)
-            podfiles.write_pod_files(pod_dir, config, sb.host_network)
+            podfiles.write_pod_files(pod_dir, config, sb.host_network, owner)
             undo.callback(shutil.rmtree, pod_dir, True)
+        await self._pod_cgroup(sb, undo)
         shm = self.shm_path(sb)
         if shm is not None:
             async with step("mounting /dev/shm"):
-                podfiles.mount_shm(shm)
+                podfiles.mount_shm(shm, owner=owner)
                 undo.callback(podfiles.unmount, shm)
-        if not sb.host_network:
+        if ns is not None:  # the gate allows no host network with a user namespace
+            async with step("creating the pod's user and network namespaces"):
+                sb.netns = str(NETNS_RUN_DIR / f"pycri-{sb.id}")
+                self._save(sb)
+                undo.push_async_callback(remove_netns, sb.netns)
+                undo.callback(userns.unpin_userns, Path(ns.path))
+                await userns.create_pod_namespaces(
+                    Path(ns.path), f"pycri-{sb.id}", ns.uids, ns.gids)
+        elif not sb.host_network:
             async with step("creating the network namespace"):
                 # Path saved and undo pushed first: a crash or cancel during the create
                 # must not leave a pinned namespace nobody knows about.
@@ -255,6 +297,7 @@ class SandboxManager:
                 self._save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 await create_netns(f"pycri-{sb.id}")
+        if not sb.host_network:
             pod_net = self.pod_network(sb)
             async with step("setting up the pod network (CNI)"):
                 undo.push_async_callback(self.cni.teardown, pod_net)
@@ -265,10 +308,17 @@ class SandboxManager:
         if self.cfg.pause_image:
             async with step(f"preparing the pause image {self.cfg.pause_image}"):
                 undo.push_async_callback(self.images.remove_rootfs, sb.id)  # absent is fine
-                image, rootfs = await self._pause_rootfs(sb)
+                image, rootfs = await self._pause_rootfs(sb, idmap)
         else:
             rootfs.mkdir(exist_ok=True)
+            if owner is not None:  # runc makes /proc, /dev, ... in it as the pod's root
+                os.chown(rootfs, *owner)
         async with step("starting the infra container"):
+            if idmap is not None:
+                staging = mounts.rootfs_staging(self.cfg.state, sb.id)
+                undo.callback(mounts.unstage_all, staging)
+                rootfs = await asyncio.to_thread(
+                    mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
             spec_doc = await asyncio.to_thread(self._infra_spec, sb, rootfs, image)
             created = await self.launcher.create(
                 sb.id, spec_doc, sb.handler, state_dir / "infra.log"
@@ -278,12 +328,32 @@ class SandboxManager:
             await self.launcher.start(sb.id, sb.handler)
             sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
 
-    async def _pause_rootfs(self, sb: Sandbox) -> tuple[spec.ImageConfig, Path]:
+    async def _pod_cgroup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
+        """A pod without a cgroup_parent that sets pod-level limits gets a pod cgroup of
+        pycri's own, holding them (podcgroup.py); one the kubelet names is never written."""
+        limits = spec.pod_limits(sb.config.linux)
+        if not limits or sb.config.linux.cgroup_parent:
+            return
+        if self.cfg.cgroup_driver != "cgroupfs":
+            log.info("pod %s: pod-level limits only reach the handler (annotations): "
+                     "pycri makes no pod cgroup under the %s driver", sb.id,
+                     self.cfg.cgroup_driver)
+            return
+        async with step("creating the pod cgroup"):
+            sb.cgroup_parent, sb.own_cgroup = podcgroup.path_for(sb.id), True
+            self._save(sb)  # first: a crash during the create leaves it to RemovePodSandbox
+            undo.push_async_callback(asyncio.to_thread, podcgroup.remove, sb.cgroup_parent,
+                                     sb.id)
+            await asyncio.to_thread(podcgroup.create, sb.cgroup_parent, limits)
+
+    async def _pause_rootfs(
+        self, sb: Sandbox, idmap: Idmap | None
+    ) -> tuple[spec.ImageConfig, Path]:
         """The configured pause image's rootfs (pulled on first use; pinned by config)."""
         ref = self.cfg.pause_image
         image = self.images.status(ref)
         image_id = image.id if image else await self.images.pull(ref)
-        rootfs = await self.images.prepare_rootfs(sb.id, image_id)
+        rootfs = await self.images.prepare_rootfs(sb.id, image_id, idmap)
         return spec.ImageConfig.from_oci(self.images.image_config(image_id)), rootfs
 
     def _infra_spec(
@@ -310,7 +380,11 @@ class SandboxManager:
             cgroup_driver=self.cfg.cgroup_driver,
             min_oom_score_adj=self.min_oom_score_adj,
             available_capabilities=self.capabilities,
+            selinux_enabled=self.selinux,
+            userns=self.userns(sb),
         )
+        if not self.selinux:
+            selinux.ignored(f"pod sandbox {sb.id}", selinux.sandbox_fields(config))
         doc = spec.sandbox_spec(config, ctx)
         if image is not None:  # a pause image is as untrusted as any other image
             pin_mount_destinations(str(rootfs), doc)
@@ -390,6 +464,8 @@ class SandboxManager:
         if sb.netns:
             async with step("removing the network namespace"):
                 await remove_netns(sb.netns)
+        if (ns := self.userns(sb)) is not None:
+            userns.unpin_userns(Path(ns.path))
         shm = self.shm_path(sb)
         if shm is not None:
             podfiles.unmount(shm)
@@ -405,7 +481,11 @@ class SandboxManager:
             await self.nri.remove_pod_sandbox(sb)
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
+                await asyncio.to_thread(
+                    mounts.unstage_all, mounts.rootfs_staging(self.cfg.state, sb.id))
                 await self.images.remove_rootfs(sb.id)
+            if sb.own_cgroup:
+                await asyncio.to_thread(podcgroup.remove, sb.cgroup_parent, sb.id)
             shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
             self._forget(sb)

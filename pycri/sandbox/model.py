@@ -29,6 +29,7 @@ class Sandbox:
     infra_pid: int = 0
     conmon_pid: int = 0
     cgroup_parent: str = ""
+    own_cgroup: bool = False  # cgroup_parent is the pod cgroup pycri made (podcgroup.py)
     network_torn_down: bool = False
     # Bumped on every save, so readers can cache what they derive from a record.
     revision: int = field(default=0, compare=False)
@@ -53,6 +54,7 @@ class Sandbox:
             "infra_pid": self.infra_pid,
             "conmon_pid": self.conmon_pid,
             "cgroup_parent": self.cgroup_parent,
+            "own_cgroup": self.own_cgroup,
             "network_torn_down": self.network_torn_down,
         }
 
@@ -72,5 +74,6 @@ class Sandbox:
             infra_pid=rec["infra_pid"],
             conmon_pid=rec["conmon_pid"],
             cgroup_parent=rec["cgroup_parent"],
+            own_cgroup=rec.get("own_cgroup", False),
             network_torn_down=rec["network_torn_down"],
         )

@@ -6,7 +6,7 @@ import grpc
 from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import ContainerManager
+from pycri.container.manager import ContainerManager, cri_signal, parse_signal
 from pycri.container.model import Container
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
@@ -63,6 +63,7 @@ def container_status(c: Container) -> pb.ContainerStatus:
         user=pb.ContainerUser(
             linux=pb.LinuxContainerUser(uid=c.uid, gid=c.gid, supplemental_groups=c.groups)
         ),
+        stop_signal=cri_signal(parse_signal(c.stop_signal)),  # type: ignore[arg-type]
     )
 
 

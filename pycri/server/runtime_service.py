@@ -69,13 +69,17 @@ class RuntimeServicer(
                 pb.RuntimeHandler(
                     name=name,
                     features=pb.RuntimeHandlerFeatures(
-                        recursive_read_only_mounts=self.node.recursive_read_only
+                        recursive_read_only_mounts=self.node.recursive_read_only,
+                        user_namespaces=self.node.user_namespaces[name],
                     ),
                 )
                 for name in self.node.handlers()
             ],
             # mount_options: every handler remounts a bind with its flags (oci/bindopts.py).
-            features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True),
+            # user_namespaces_host_network: a pod's own user namespace owns its netns, so
+            # the host's network cannot be combined with one (validate.py refuses it).
+            features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True,
+                                        user_namespaces_host_network=False),
         )
 
     @rpc

@@ -34,7 +34,7 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from pycri.api.api_pb2 import NODE
+from pycri.api.api_pb2 import CONTAINER, NODE, POD, TARGET
 from pycri.errors import InvalidArgument
 from pycri.oci.bindopts import option_problem
 
@@ -257,6 +257,16 @@ RANGES: dict[tuple[str, str], Check] = {
     ("LinuxSandboxSecurityContext", "run_as_group"): _UID,
     ("LinuxSandboxSecurityContext", "supplemental_groups"): _UID,
 }
+# A handler's overhead is what it uses itself, however small: no memory floor.
+RANGES.update({("PodOverhead", f): RANGES[("LinuxContainerResources", f)]
+               for f in ("cpu_shares", "cpu_period", "cpu_quota")})
+RANGES[("PodOverhead", "memory_limit_in_bytes")] = _NON_NEGATIVE
+
+# (message, field) -> the rule name a sub-message reached through that field is checked
+# by, where it means something else there than its type does elsewhere.
+CHECKED_AS: dict[tuple[str, str], str] = {
+    ("LinuxPodSandboxConfig", "overhead"): "PodOverhead",
+}
 
 def _port_mapping(pm: Any) -> Problem:
     if pm.host_port and not pm.container_port:
@@ -268,9 +278,23 @@ def _root(path: str) -> bool:
     return bool(path) and os.path.normpath(path).lstrip("/") == ""
 
 
+# The files a bind may cover inside the container's own procfs (the lxcfs set, which
+# runc and crun also accept); a bind anywhere else under /proc is refused by the OCI
+# runtime at start, after the container was made, as an opaque error.
+PROC_BIND_FILES = frozenset(
+    f"/proc/{name}"
+    for name in ("cpuinfo", "diskstats", "meminfo", "stat", "swaps", "uptime", "loadavg",
+                 "slabinfo", "net/dev")
+)
+
+
 def _mount(m: Any) -> Problem:
     if not m.container_path or _root(m.container_path):
         return "container_path: must name a path inside the container, not its root"
+    path = os.path.normpath(m.container_path)
+    if (path == "/proc" or path.startswith("/proc/")) and path not in PROC_BIND_FILES:
+        return ("container_path: /proc is the container's own procfs; a bind may cover only "
+                + ", ".join(sorted(PROC_BIND_FILES)))
     return None
 
 
@@ -316,13 +340,91 @@ def _pod_sysctls(linux: Any) -> Problem:
     return None
 
 
+# What a pod's cgroup takes: the four values the kubelet computes for a pod (and
+# containerd's sandbox annotations carry); anything else would be silently dropped.
+POD_LEVEL_RESOURCES = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes")
+
+
+def _pod_resources(linux: Any) -> Problem:
+    for name in ("overhead", "resources"):
+        for f, _ in getattr(linux, name).ListFields():
+            if f.name not in POD_LEVEL_RESOURCES:
+                return (f"{name}.{f.name}: a pod-level limit can only be one of "
+                        f"{', '.join(POD_LEVEL_RESOURCES)}")
+    return None
+
+
+def _pod_linux(linux: Any) -> Problem:
+    return _pod_sysctls(linux) or _pod_resources(linux)
+def _id_maps(where: str, maps: Any) -> Problem:
+    """IDs mapped past 2^32-1 would wrap; host ID 0 is the host's root."""
+    for i, m in enumerate(maps):
+        if not m.length:
+            return f"{where}[{i}].length: must be at least 1"
+        if m.host_id + m.length - 1 > UID_MAX or m.container_id + m.length - 1 > UID_MAX:
+            return f"{where}[{i}]: maps IDs past {UID_MAX}"
+        if m.host_id == 0:
+            return f"{where}[{i}].host_id: 0 would map the host's root into the pod"
+    return None
+
+
+def _userns(u: Any) -> Problem:
+    """What pycri can honour: the host's user namespace (NODE), or one for the pod (POD)
+    with one uid and one gid mapping that both map container ID 0, as the kubelet sends."""
+    if u.mode in (CONTAINER, TARGET):
+        return ("mode: a user namespace per container (CONTAINER, TARGET) is not "
+                "supported; use POD (one for the pod) or NODE (the host's)")
+    if u.mode == NODE:
+        return "uids: mappings need mode POD" if (u.uids or u.gids) else None
+    if len(u.uids) != 1 or len(u.gids) != 1:
+        return (f"mode POD needs exactly one uid and one gid mapping (got {len(u.uids)} and "
+                f"{len(u.gids)})")
+    if u.uids[0].container_id != 0 or u.gids[0].container_id != 0:
+        return "mode POD needs container ID 0 mapped (uids[0] and gids[0] must start at 0)"
+    if u.uids[0].length != u.gids[0].length:
+        return (f"uid and gid mappings must have the same shape (lengths {u.uids[0].length} "
+                f"and {u.gids[0].length})")
+    return _id_maps("uids", u.uids) or _id_maps("gids", u.gids)
+
+
+def _own_userns(ns: Any) -> bool:
+    return ns.HasField("userns_options") and ns.userns_options.mode == POD
+
+
+def _namespaces(ns: Any) -> Problem:
+    """A pod in its own user namespace cannot share the host's network, PID or IPC
+    namespace (Kubernetes forbids hostUsers: false with them)."""
+    if not _own_userns(ns):
+        return None
+    for name in ("network", "pid", "ipc"):
+        if getattr(ns, name) == NODE:
+            return f"{name}: a pod with its own user namespace cannot use the host's"
+    return None
+
+
+def _security_context(sc: Any) -> Problem:
+    if sc.privileged and _own_userns(sc.namespace_options):
+        return "privileged: not allowed with a user namespace (userns_options mode POD)"
+    return None
+
+
+def _mount_maps(m: Any) -> Problem:
+    if bool(m.uidMappings) != bool(m.gidMappings):
+        return "uidMappings: an idmapped mount needs both uidMappings and gidMappings"
+    return _id_maps("uidMappings", m.uidMappings) or _id_maps("gidMappings", m.gidMappings)
+
+
 # Message -> a check across its fields (after each field passed its own checks).
 MESSAGE_RULES: dict[str, Check] = {
     "PortMapping": _port_mapping,
-    "Mount": _mount,
+    "Mount": lambda m: _mount(m) or _mount_maps(m),
+    "UserNamespace": _userns,
+    "NamespaceOption": _namespaces,
+    "LinuxSandboxSecurityContext": _security_context,
+    "LinuxContainerSecurityContext": _security_context,
     "Device": _device,
     "LinuxContainerResources": _resources,
-    "LinuxPodSandboxConfig": _pod_sysctls,
+    "LinuxPodSandboxConfig": _pod_linux,
 }
 
 # Request -> dotted paths that must be set for the RPC to mean anything.
@@ -362,20 +464,21 @@ def _lookup(msg: Any, path: str) -> Any:
     return msg
 
 
-def _walk(msg: Message, prefix: str) -> None:
+def _walk(msg: Message, prefix: str, as_name: str = "") -> None:
     desc = msg.DESCRIPTOR
+    name = as_name or desc.name
     for field, value in msg.ListFields():
         where = prefix + field.name
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
-            _check_map(desc.name, field, value, where)
+            _check_map(name, field, value, where)
         elif field.is_repeated:
             if len(value) > MAX_ITEMS:
                 raise InvalidArgument(f"{where}: more than {MAX_ITEMS} entries")
             for i, item in enumerate(value):
-                _check_value(desc.name, field.name, field, item, f"{where}[{i}]")
+                _check_value(name, field.name, field, item, f"{where}[{i}]")
         else:
-            _check_value(desc.name, field.name, field, value, where)
-    rule = MESSAGE_RULES.get(desc.name)
+            _check_value(name, field.name, field, value, where)
+    rule = MESSAGE_RULES.get(name)
     if rule is not None and (problem := rule(msg)):
         raise InvalidArgument(f"{prefix}{problem}")
 
@@ -407,7 +510,7 @@ def _check_value(
         if rng is not None and "value" in field.message_type.fields_by_name:
             problem = rng(value.value)  # a wrapper such as Int64Value
         else:
-            _walk(value, where + ".")
+            _walk(value, where + ".", CHECKED_AS.get((message, name), ""))
     elif field.type == FieldDescriptor.TYPE_STRING:
         problem = _string_problem(value, _kind(message, name))
     elif field.enum_type is not None:

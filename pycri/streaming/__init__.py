@@ -1,4 +1,4 @@
-"""The CRI streaming server: Exec, Attach and PortForward over SPDY/3.1 upgrades."""
+"""The CRI streaming server: Exec, Attach and PortForward over SPDY/3.1 or WebSocket upgrades."""
 
 from pycri.streaming.backend import RuntimeBackend
 from pycri.streaming.server import (

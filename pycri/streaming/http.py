@@ -28,6 +28,7 @@ class Request:
     method: str
     path: str
     headers: dict[str, list[str]] = field(default_factory=dict)  # names lowercased
+    raw: bytes = b""  # the head as received (wsproto validates a WebSocket handshake from it)
 
     def values(self, name: str) -> list[str]:
         """Every comma-separated value of a header, over all its lines."""
@@ -61,7 +62,7 @@ async def read_request(reader: asyncio.StreamReader, timeout: float = HEAD_TIMEO
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise BadRequest(f"bad request line {lines[0][:100]!r}")
-    req = Request(method=parts[0], path=parts[1].split("?", 1)[0])
+    req = Request(method=parts[0], path=parts[1].split("?", 1)[0], raw=head)
     for line in lines[1:]:
         if not line:
             continue

@@ -11,6 +11,11 @@ import logging
 import resource
 import time
 
+# The largest frame (SPDY) or message (WebSocket) a peer may send: client-go writes 32 KiB
+# of data at a time and small control payloads, so anything bigger is an attack on our
+# memory, and the session is closed saying so.
+MAX_FRAME = 1 << 20
+
 
 class Budget:
     """A fixed number of units (file descriptors) that callers take and give back."""

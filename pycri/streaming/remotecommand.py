@@ -1,13 +1,16 @@
-"""The exec/attach protocol (`*.channel.k8s.io`) over a SPDY session.
+"""The exec/attach protocol (`*.channel.k8s.io`), over a SPDY session or a WebSocket.
 
-The client opens one stream per channel, naming it in the `streamType` header:
-`error`, `stdin`, `stdout`, `stderr` (not with a tty) and, from v3 on with a tty,
-`resize` (JSON `{"Width":w,"Height":h}` objects, one after another). When the
-command ends, the server writes the outcome on the error stream and closes every
-stream. v1/v2/v3 write a failure as plain text (nothing on success); v4 always
-writes a JSON metav1.Status, and a non-zero exit is a Failure with reason
+The transports differ only in how the channels are opened (`serve_spdy`,
+`serve_websocket`); `serve` runs the command over them. Over SPDY the client opens
+one stream per channel, naming it in the `streamType` header: `error`, `stdin`,
+`stdout`, `stderr` (not with a tty) and, from v3 on with a tty, `resize` (JSON
+`{"Width":w,"Height":h}` objects, one after another). When the command ends, the
+server writes the outcome on the error stream and closes every stream. v1/v2/v3
+write a failure as plain text (nothing on success); v4 always writes a JSON
+metav1.Status, and a non-zero exit is a Failure with reason
 `NonZeroExitCode` whose cause `ExitCode` carries the code (that is how client-go
-turns it into an exit code).
+turns it into an exit code). Over WebSocket the channels are numbered and always
+there (pycri.streaming.websocket); v4 and v5 write the same JSON Status.
 """
 
 from __future__ import annotations
@@ -21,12 +24,24 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pycri.errors import PycriError
+from pycri.streaming import websocket
 from pycri.streaming.session import Session, Stream
 
 log = logging.getLogger(__name__)
 
 V1, V2, V3, V4 = "channel.k8s.io", "v2.channel.k8s.io", "v3.channel.k8s.io", "v4.channel.k8s.io"
+V5 = "v5.channel.k8s.io"
 PROTOCOLS = [V4, V3, V2, V1]
+# WebSocket sub-protocols and the version whose rules (status format, close signal) they
+# follow; "" is a client that offered none. kubelet's set, plus v2/v3 (client-go knows them).
+WEBSOCKET_PROTOCOLS = {
+    V5: V5, "v5.base64.channel.k8s.io": V5,
+    V4: V4, "v4.base64.channel.k8s.io": V4,
+    V3: V3, V2: V2,
+    V1: V1, "base64.channel.k8s.io": V1, "": V1,
+}  # fmt: skip
+# Channel numbers of the WebSocket framing.
+STDIN, STDOUT, STDERR, ERROR, RESIZE = range(5)
 STREAM_TIMEOUT = 30.0
 CHANNELS = ("error", "stdin", "stdout", "stderr", "resize")
 
@@ -74,7 +89,7 @@ Handler = Callable[[StreamIO], Awaitable[int]]
 
 def status_body(version: str, exit_code: int | None, error: str | None) -> bytes:
     """What goes on the error stream for this outcome under protocol `version`."""
-    if version == V4:
+    if version in (V4, V5):
         status: dict[str, Any] = {"metadata": {}, "status": "Success"}
         if error is not None:
             status = {"metadata": {}, "status": "Failure", "message": error,
@@ -124,7 +139,7 @@ def parse_sizes(buf: bytearray) -> list[TerminalSize]:
 MAX_RESIZE_BACKLOG = 4096
 
 
-async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> None:
+async def _pump_resizes(stream: ByteReader, queue: asyncio.Queue[TerminalSize]) -> None:
     buf = bytearray()
     while chunk := await stream.read():
         buf += chunk
@@ -132,6 +147,44 @@ async def _pump_resizes(stream: Stream, queue: asyncio.Queue[TerminalSize]) -> N
             queue.put_nowait(size)
         if len(buf) > MAX_RESIZE_BACKLOG:  # no size message is this long: drop the garbage
             buf.clear()
+
+
+@dataclass
+class Channels:
+    """The open channels of one exec/attach, whichever transport carries them."""
+
+    error: ByteWriter
+    stdin: ByteReader | None = None
+    stdout: ByteWriter | None = None
+    stderr: ByteWriter | None = None
+    resize: ByteReader | None = None
+
+
+async def serve(channels: Channels, version: str, tty: bool, handler: Handler) -> None:
+    """Run one exec/attach over `channels` and report its outcome on the error channel
+    (the transport closes the channels afterwards)."""
+    io = StreamIO(tty=tty, stdin=channels.stdin, stdout=channels.stdout,
+                  stderr=channels.stderr if not tty else None)  # fmt: skip
+    resizer = None
+    if tty and channels.resize is not None:
+        resizer = asyncio.create_task(_pump_resizes(channels.resize, io.resizes))
+    code: int | None = None
+    error: str | None = None
+    try:
+        code = await handler(io)
+    except PycriError as e:
+        error = str(e)
+    except Exception as e:
+        log.exception("streaming command failed")
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        if resizer is not None:
+            resizer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await resizer
+    body = status_body(version, code, error)
+    if body:
+        await channels.error.write(body)
 
 
 async def _collect(session: Session, wanted: set[str]) -> dict[str, Stream]:
@@ -169,31 +222,29 @@ async def serve_spdy(session: Session, version: str, opts: Options, handler: Han
     except (TimeoutError, ConnectionResetError) as e:
         log.info("streaming session abandoned: %s", e or "timed out waiting for streams")
         return
-    io = StreamIO(
-        tty=opts.tty,
-        stdin=streams.get("stdin"),
-        stdout=streams.get("stdout"),
-        stderr=streams.get("stderr") if not opts.tty else None,
-    )
-    resizer = None
-    if "resize" in streams:
-        resizer = asyncio.create_task(_pump_resizes(streams["resize"], io.resizes))
-    code: int | None = None
-    error: str | None = None
-    try:
-        code = await handler(io)
-    except PycriError as e:
-        error = str(e)
-    except Exception as e:
-        log.exception("streaming command failed")
-        error = f"{type(e).__name__}: {e}"
-    finally:
-        if resizer is not None:
-            resizer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await resizer
-    body = status_body(version, code, error)
-    if body:
-        await streams["error"].write(body)
+    channels = Channels(error=streams["error"], stdin=streams.get("stdin"),
+                        stdout=streams.get("stdout"), stderr=streams.get("stderr"),
+                        resize=streams.get("resize"))  # fmt: skip
+    await serve(channels, version, opts.tty, handler)
     for stream in streams.values():
         await stream.close()
+
+
+async def serve_websocket(conn: websocket.Connection, protocol: str, opts: Options,
+                          handler: Handler) -> None:  # fmt: skip
+    """Run one exec/attach over the channel framing of `conn` (module docstring of
+    pycri.streaming.websocket): the channels exist from the start, so kubelet's empty
+    message on the first output channel tells the client they are ready."""
+    version = WEBSOCKET_PROTOCOLS[protocol]
+    inputs = [RESIZE] + ([STDIN] if opts.stdin else [])
+    mux = websocket.ChannelMux(conn, protocol, inputs, close_signal=version == V5)
+    conn.start(mux)
+    channels = Channels(
+        error=mux.channel(ERROR),
+        stdin=mux.channel(STDIN) if opts.stdin else None,
+        stdout=mux.channel(STDOUT) if opts.stdout else None,
+        stderr=mux.channel(STDERR) if opts.stderr and not opts.tty else None,
+        resize=mux.channel(RESIZE) if opts.tty else None,
+    )
+    await mux.channel(STDOUT if opts.stdout else STDERR if opts.stderr else ERROR).announce()
+    await serve(channels, version, opts.tty, handler)

@@ -1,8 +1,9 @@
 """The streaming server: one-time URLs for Exec/Attach/PortForward, and the upgrades behind them.
 
 The CRI RPCs only validate a request and return `http://<addr>/<kind>/<token>`;
-the client then connects there and upgrades to SPDY/3.1. A token is good for one
-connection within TOKEN_TTL seconds, so a URL cannot be replayed.
+the client then connects there and upgrades to SPDY/3.1 or WebSocket (the request's
+`Upgrade` header picks; the exec/attach/port-forward code behind is the same). A
+token is good for one connection within TOKEN_TTL seconds, so a URL cannot be replayed.
 
 The port is open to anyone until a request names a token, so the server bounds
 what connections can hold (pycri.config.StreamingConfig): connections in all,
@@ -26,12 +27,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Protocol
 
+from wsproto import WSConnection
+from wsproto.events import AcceptConnection
+from wsproto.events import Request as WsRequest
+from wsproto.utilities import RemoteProtocolError
+
 from pycri.config import StreamingConfig
 from pycri.errors import InvalidArgument
-from pycri.streaming import http, portforward, remotecommand
+from pycri.streaming import http, portforward, remotecommand, websocket
 from pycri.streaming.limits import Budget, RateLimitedLog, fd_budget
 from pycri.streaming.remotecommand import StreamIO
-from pycri.streaming.session import Session
+from pycri.streaming.session import Reader, Session, Writer
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +77,15 @@ class PortForwardRequest:
 
 
 Request = ExecRequest | AttachRequest | PortForwardRequest
+
+
+@dataclass
+class Upgraded:
+    """A request whose connection switched protocols: SPDY, or WebSocket (`ws` set)."""
+
+    req: Request
+    version: str  # the negotiated (sub-)protocol; "" when the client offered none
+    ws: WSConnection | None
 
 
 class Backend(Protocol):
@@ -249,7 +264,7 @@ class StreamingServer:
             if upgraded is not None:
                 self._release(pending)
                 pending = None
-                await self._handle(reader, writer, *upgraded)
+                await self._handle(reader, writer, upgraded)
         except Exception:
             log.exception("streaming connection failed")
         finally:
@@ -270,7 +285,7 @@ class StreamingServer:
             await writer.drain()
 
     async def _upgrade(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-                       ) -> tuple[Request, str] | None:  # fmt: skip
+                       ) -> Upgraded | None:  # fmt: skip
         """Read the request head and switch protocols; None when refused (and answered)."""
         try:
             request = await http.read_request(reader, self.limits.header_timeout)
@@ -282,44 +297,140 @@ class StreamingServer:
         if req is None:
             await self._reply(writer, 404, "Not Found", "unknown or expired streaming URL")
             return None
-        if request.upgrade() != "spdy/3.1":
-            await self._reply(writer, 400, "Bad Request",
-                              "this endpoint needs an upgrade to SPDY/3.1")  # fmt: skip
+        pf = isinstance(req, PortForwardRequest)
+        negotiated: tuple[str, WSConnection | None] | None
+        if request.upgrade() == "websocket":
+            negotiated = await self._negotiate_websocket(request, writer, req)
+        elif request.upgrade() == "spdy/3.1":
+            negotiated = await self._negotiate_spdy(request, writer, pf)
+        else:
+            await self._reply(writer, 400, "Bad Request", "this endpoint needs an upgrade "
+                              "to SPDY/3.1 or WebSocket")  # fmt: skip
             return None
-        supported = [portforward.PROTOCOL] if isinstance(req, PortForwardRequest) else (
-            remotecommand.PROTOCOLS)
+        if negotiated is None:
+            return None
+        up = Upgraded(req, *negotiated)
+        if not pf and not self.fds.take(PROCESS_FDS):
+            await self._reply(writer, 503, "Service Unavailable", "too many streaming "
+                              "sessions on this node; try again later")  # fmt: skip
+            return None
+        try:
+            if up.ws is not None:
+                writer.write(up.ws.send(AcceptConnection(subprotocol=up.version or None)))
+            else:
+                headers = {"Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
+                if up.version:
+                    headers["X-Stream-Protocol-Version"] = up.version
+                writer.write(http.response(101, "Switching Protocols", headers))
+            await writer.drain()
+        except BaseException:
+            if not pf:
+                self.fds.give(PROCESS_FDS)  # _handle, which gives it back, never runs
+            raise
+        if up.ws is None and not up.version:
+            up.version = remotecommand.V1
+        return up
+
+    async def _negotiate_spdy(self, request: http.Request, writer: asyncio.StreamWriter,
+                              pf: bool) -> tuple[str, WSConnection | None] | None:  # fmt: skip
+        supported = [portforward.PROTOCOL] if pf else remotecommand.PROTOCOLS
         version = http.negotiate(request.values(http.PROTOCOL_HEADER), supported)
         if version is None:
             await self._reply(writer, 403, "Forbidden", "no common stream protocol version",
                               {http.ACCEPTED_HEADER: ", ".join(supported)})
             return None
-        if not isinstance(req, PortForwardRequest) and not self.fds.take(PROCESS_FDS):
-            await self._reply(writer, 503, "Service Unavailable", "too many streaming "
-                              "sessions on this node; try again later")  # fmt: skip
-            return None
-        headers = {"Connection": "Upgrade", "Upgrade": "SPDY/3.1"}
-        if version:
-            headers["X-Stream-Protocol-Version"] = version
+        return version, None
+
+    async def _negotiate_websocket(self, request: http.Request, writer: asyncio.StreamWriter,
+                                   req: Request
+                                   ) -> tuple[str, WSConnection | None] | None:  # fmt: skip
+        """wsproto checks the handshake (GET, key, version 13); the first sub-protocol
+        the client offers that this endpoint speaks wins, as in kubelet."""
+        ws = websocket.server()
         try:
-            writer.write(http.response(101, "Switching Protocols", headers))
-            await writer.drain()
-        except BaseException:
-            if not isinstance(req, PortForwardRequest):
-                self.fds.give(PROCESS_FDS)  # _handle, which gives it back, never runs
-            raise
-        return req, version or remotecommand.V1
+            ws.receive_data(request.raw)
+            hello = next((e for e in ws.events() if isinstance(e, WsRequest)), None)
+        except RemoteProtocolError as e:
+            await self._reply(writer, 400, "Bad Request", f"bad WebSocket handshake: {e}")
+            return None
+        if hello is None:
+            await self._reply(writer, 400, "Bad Request", "bad WebSocket handshake")
+            return None
+        offered = hello.subprotocols
+        pf = isinstance(req, PortForwardRequest)
+        supported = portforward.WEBSOCKET_PROTOCOLS if pf else list(
+            remotecommand.WEBSOCKET_PROTOCOLS)
+        version = http.negotiate(offered, supported)
+        if version is None:
+            await self._reply(writer, 403, "Forbidden", "no common WebSocket sub-protocol; "
+                              f"this endpoint speaks {', '.join(p for p in supported if p)}")
+            return None
+        if (isinstance(req, PortForwardRequest) and version in portforward.WEBSOCKET_CHANNELS
+                and not req.ports):  # fmt: skip
+            await self._reply(writer, 400, "Bad Request", "port-forward over WebSocket "
+                              "channels forwards the ports of the PortForward request, "
+                              "and it named none")  # fmt: skip
+            return None
+        log.debug("streaming %s over WebSocket (%s)", type(req).__name__, version or "none")
+        return version, ws
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      req: Request, version: str) -> None:  # fmt: skip
+                      up: Upgraded) -> None:  # fmt: skip
+        try:
+            if up.ws is not None:
+                await self._handle_websocket(reader, writer, up.req, up.version, up.ws)
+            else:
+                session = self._session(reader, writer)
+                try:
+                    await self._run(session, up.req, up.version)
+                finally:
+                    await session.close()
+        finally:
+            if not isinstance(up.req, PortForwardRequest):
+                self.fds.give(PROCESS_FDS)
+
+    def _session(self, reader: Reader, writer: Writer) -> Session:
         session = Session(reader, writer, server=True, max_streams=self.limits.max_streams,
                           max_buffer=self.limits.max_session_buffer)  # fmt: skip
         session.start()
+        return session
+
+    async def _handle_websocket(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter, req: Request, protocol: str,
+                                ws: WSConnection) -> None:  # fmt: skip
+        conn = websocket.Connection(reader, writer, ws, max_buffer=self.limits.max_session_buffer)
         try:
-            await self._run(session, req, version)
+            if protocol == portforward.WEBSOCKET_TUNNEL:
+                tunnel = websocket.Tunnel(conn)
+                conn.start(tunnel)
+                session = self._session(tunnel, tunnel)
+                try:
+                    await self._run(session, req, "")
+                finally:
+                    await session.close()
+            elif isinstance(req, PortForwardRequest):
+                sid = req.sandbox_id
+                await portforward.serve_websocket(conn, protocol, req.ports,
+                                                  lambda port: self.backend.dial(sid, port),
+                                                  self.fds,
+                                                  self.limits.max_port_forward_connections)
+            else:
+                await remotecommand.serve_websocket(conn, protocol, self._options(req),
+                                                    self._handler(req))  # fmt: skip
         finally:
-            await session.close()
-            if not isinstance(req, PortForwardRequest):
-                self.fds.give(PROCESS_FDS)
+            await conn.close()
+
+    @staticmethod
+    def _options(req: ExecRequest | AttachRequest) -> remotecommand.Options:
+        return remotecommand.Options(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
+                                     tty=req.tty)  # fmt: skip
+
+    def _handler(self, req: ExecRequest | AttachRequest) -> remotecommand.Handler:
+        if isinstance(req, ExecRequest):
+            exec_req = req
+            return lambda io: self.backend.exec(exec_req, io)
+        attach_req = req
+        return lambda io: self.backend.attach(attach_req, io)
 
     async def _run(self, session: Session, req: Request, version: str) -> None:
         if isinstance(req, PortForwardRequest):
@@ -327,15 +438,5 @@ class StreamingServer:
             await portforward.serve_spdy(session, lambda port: self.backend.dial(sid, port),
                                          self.fds, self.limits.max_port_forward_connections)
             return
-        opts = remotecommand.Options(stdin=req.stdin, stdout=req.stdout, stderr=req.stderr,
-                                     tty=req.tty)  # fmt: skip
-        if isinstance(req, ExecRequest):
-            exec_req = req
-            await remotecommand.serve_spdy(session, version, opts,
-                                           lambda io: self.backend.exec(exec_req, io),
-                                           self.limits.stream_timeout)  # fmt: skip
-        else:
-            attach_req = req
-            await remotecommand.serve_spdy(session, version, opts,
-                                           lambda io: self.backend.attach(attach_req, io),
-                                           self.limits.stream_timeout)  # fmt: skip
+        await remotecommand.serve_spdy(session, version, self._options(req), self._handler(req),
+                                       self.limits.stream_timeout)  # fmt: skip

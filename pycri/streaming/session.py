@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Protocol
 
 from pycri.streaming import spdy
 
@@ -35,6 +36,30 @@ MAX_STREAMS = 128
 # At that bound with streams not yet accepted, how long the application gets to take
 # them (a burst of honest opens outruns it) before new ones are refused.
 ACCEPT_GRACE = 2.0
+
+
+class Reader(Protocol):
+    """Where a session reads its bytes: the upgraded connection, or a WebSocket tunnel."""
+
+    async def read(self, n: int = -1) -> bytes: ...
+
+
+class Writer(Protocol):
+    """Where a session writes: what it uses of asyncio.StreamWriter."""
+
+    def write(self, data: bytes) -> None: ...
+
+    async def drain(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+    def can_write_eof(self) -> bool: ...
+
+    def write_eof(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...
 
 
 class Abuse(Exception):
@@ -141,8 +166,8 @@ class Session:
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        reader: Reader,
+        writer: Writer,
         *,
         server: bool,
         max_streams: int = MAX_STREAMS,

@@ -20,6 +20,8 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
+from pycri.streaming.limits import MAX_FRAME
+
 VERSION = 3
 
 # Control frame types.
@@ -44,9 +46,8 @@ CANCEL = 5
 INTERNAL_ERROR = 6
 
 MAX_LENGTH = (1 << 24) - 1
-# What we accept from a peer: client-go writes 32 KiB data frames and small header blocks,
-# so a bigger frame (or header block inflating past this) is an attack on our memory.
-MAX_RECEIVE = 1 << 20
+# What we accept from a peer (the streaming server's frame bound, shared with WebSocket).
+MAX_RECEIVE = MAX_FRAME
 # A header block, inflated, and its number of names: client-go sends a handful of short
 # headers; sessions keep every stream's headers, so these bound what one stream costs.
 MAX_HEADER_BLOCK = 64 * 1024

@@ -89,6 +89,12 @@ async def forward_once(url: str, port: int, payload: bytes, timeout: float = 30.
                        ) -> tuple[bytes, bytes]:
     """One forwarded connection: send `payload`, half-close, read the reply and the error."""
     session, _ = await upgrade(url, ["portforward.k8s.io"])
+    return await forward_over(session, port, payload, timeout)
+
+
+async def forward_over(session: Session, port: int, payload: bytes, timeout: float = 30.0
+                       ) -> tuple[bytes, bytes]:  # fmt: skip
+    """forward_once over a session already upgraded (SPDY, or SPDY in a WebSocket tunnel)."""
     try:
         headers = {"port": [str(port)], "requestid": ["0"]}
         error = await session.open({**headers, "streamtype": ["error"]})

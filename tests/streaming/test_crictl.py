@@ -1,4 +1,6 @@
-"""The real crictl (client-go's SPDY executor and port-forwarder) against a pycri node."""
+"""The real crictl (client-go's executors and port-forwarders, over SPDY and over
+WebSocket: `--transport websocket` is exec/attach on v5.channel.k8s.io and port-forward
+as SPDY tunnelled in WebSocket messages) against a pycri node."""
 
 from __future__ import annotations
 
@@ -20,17 +22,21 @@ pytestmark = [
     pytest.mark.e2e,
     pytest.mark.skipif(not CRICTL.exists(), reason="needs crictl at /usr/local/bin/crictl"),
 ]
+TRANSPORTS = pytest.mark.parametrize("transport", ["spdy", "websocket"])
 
 
 def crictl(node: Node, *args: str, **kw: object) -> list[str]:
     return [str(CRICTL), "--runtime-endpoint", f"unix://{node.proc.socket}", *args]
 
 
-def test_crictl_exec(node: Node) -> None:
-    sid, cfg = node.run_pod("cexec")
+@TRANSPORTS
+def test_crictl_exec(node: Node, transport: str) -> None:
+    sid, cfg = node.run_pod(f"cexec-{transport}")
     cid = node.run(sid, cfg, "box", ["sleep", "1000"])
-    done = subprocess.run(crictl(node, "exec", cid, "sh", "-c", "echo hi; echo err >&2; exit 4"),
-                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    t = ["--transport", transport]
+    cmd = ["sh", "-c", "echo hi; echo err >&2; exit 4"]
+    done = subprocess.run(crictl(node, "exec", *t, cid, *cmd), capture_output=True, text=True,
+                          timeout=30)  # fmt: skip
     assert done.stdout == "hi\n" and "err\n" in done.stderr
     # crictl exits 1 and names the command's exit code (client-go decoded our Status).
     assert done.returncode == 1 and "command terminated with exit code 4" in done.stderr
@@ -38,7 +44,7 @@ def test_crictl_exec(node: Node) -> None:
     # -it through a terminal we allocate: what we type is echoed back by the shell.
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - child
-        os.execv(str(CRICTL), crictl(node, "exec", "-it", cid, "sh"))
+        os.execv(str(CRICTL), crictl(node, "exec", *t, "-it", cid, "sh"))
     try:
         output = b""
         os.write(master, b"echo $((6*7)); exit 5\n")
@@ -60,11 +66,19 @@ def test_crictl_exec(node: Node) -> None:
     finally:
         os.close(master)
 
+    # -i without a terminal: the end of our input closes the command's stdin (v5's
+    # close signal over WebSocket, the stream's FIN over SPDY), so cat ends.
+    done = subprocess.run(crictl(node, "exec", *t, "-i", cid, "cat"), input="piped\n",
+                          capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "piped\n"), done
 
-def test_crictl_attach_and_port_forward(node: Node) -> None:
-    sid, cfg = node.run_pod("cattach")
+
+@TRANSPORTS
+def test_crictl_attach_and_port_forward(node: Node, transport: str) -> None:
+    sid, cfg = node.run_pod(f"cattach-{transport}")
     cid = node.run(sid, cfg, "shell", ["sh"], stdin=True, stdin_once=True)
-    done = subprocess.run(crictl(node, "attach", "-i", cid), input="echo attached\n",
+    t = ["--transport", transport]
+    done = subprocess.run(crictl(node, "attach", *t, "-i", cid), input="echo attached\n",
                           capture_output=True, text=True, timeout=30)  # fmt: skip
     assert "attached\n" in done.stdout, done
 
@@ -74,7 +88,7 @@ def test_crictl_attach_and_port_forward(node: Node) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         local = s.getsockname()[1]
-    fwd = subprocess.Popen(crictl(node, "port-forward", sid, f"{local}:8080"),
+    fwd = subprocess.Popen(crictl(node, "port-forward", *t, sid, f"{local}:8080"),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
     try:
         reply = b""

@@ -1,0 +1,93 @@
+"""The pod cgroup pycri makes itself, for a pod that names no cgroup_parent.
+
+The kubelet owns the pod cgroup it names in `cgroup_parent` and writes its limits
+itself, so pycri never writes there. A pod without one (`crictl runp`) would have no
+pod-level bound at all; when it asks for pod-level limits (`resources`, plus the
+handler's `overhead`), pycri creates `/pycri/pod-<id>` with them, and the infra and
+every container of the pod go below it. cgroupfs driver only: under systemd a slice
+is systemd's to create. Blocking cgroupfs I/O: call these from a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pycri.stats.cgroups import CGROUP_ROOT
+
+log = logging.getLogger(__name__)
+
+PARENT = "/pycri"  # where pycri's own cgroups go (spec.cgroups_path's default)
+
+
+def path_for(sandbox_id: str) -> str:
+    return f"{PARENT}/pod-{sandbox_id}"
+
+
+def _v2(root: Path) -> bool:
+    return (root / "cgroup.controllers").is_file()
+
+
+def _shares_to_weight(shares: int) -> int:
+    """cgroup v1 cpu.shares (2..262144) onto v2 cpu.weight (1..10000), as runc maps it."""
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def create(path: str, limits: Mapping[str, Any], root: Path = CGROUP_ROOT) -> None:
+    """Make the pod cgroup at `path` (from path_for) and write `limits`
+    (spec.pod_limits' cpu shares/quota/period and memory limit) into it."""
+    rel = path.lstrip("/")
+    cpu, memory = limits.get("cpu", {}), limits.get("memory", {})
+    files: list[tuple[Path, str]] = []
+    if _v2(root):
+        d = root / rel
+        _enable_controllers(root, rel)
+        if "shares" in cpu:
+            files.append((d / "cpu.weight", str(_shares_to_weight(cpu["shares"]))))
+        if "quota" in cpu:
+            files.append((d / "cpu.max", f"{cpu['quota']} {cpu['period']}"))
+        if "limit" in memory:
+            files.append((d / "memory.max", str(memory["limit"])))
+    else:
+        c, m = root / "cpu" / rel, root / "memory" / rel
+        if "shares" in cpu:
+            files.append((c / "cpu.shares", str(cpu["shares"])))
+        if "quota" in cpu:  # the period first: a quota is checked against it
+            files.append((c / "cpu.cfs_period_us", str(cpu["period"])))
+            files.append((c / "cpu.cfs_quota_us", str(cpu["quota"])))
+        if "limit" in memory:
+            files.append((m / "memory.limit_in_bytes", str(memory["limit"])))
+    for f, value in files:
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(value)
+
+
+def _enable_controllers(root: Path, rel: str) -> None:
+    """v2: cpu and memory files exist in a cgroup only once its parent delegates them."""
+    d = root
+    for part in Path(rel).parts:
+        (d / "cgroup.subtree_control").write_text("+cpu +memory")
+        d = d / part
+        d.mkdir(exist_ok=True)
+
+
+def remove(path: str, sandbox_id: str, root: Path = CGROUP_ROOT) -> None:
+    """rmdir the pod cgroup in every hierarchy (the runtime made it in those pycri did
+    not); its containers' and infra's cgroups are gone by now. Only a path that is this
+    pod's own is touched, so a bad record can never remove a parent."""
+    if path != path_for(sandbox_id):
+        log.warning("not removing cgroup %r: it is not pod %s's own", path, sandbox_id)
+        return
+    rel = path.lstrip("/")
+    dirs = [root / rel] if _v2(root) else [
+        h / rel for h in root.iterdir() if h.is_dir() and not h.is_symlink()
+    ]
+    for d in dirs:
+        try:
+            d.rmdir()
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            log.warning("pod cgroup %s not removed: %s", d, e)

@@ -1,0 +1,41 @@
+"""sandbox/podcgroup.py file formats and its guard, on a directory laid out like a
+cgroup root (the real cgroup v1 files are written in tests/e2e/test_pod_resources.py;
+this host has no pure v2 hierarchy to write to)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pycri.sandbox import podcgroup
+
+LIMITS = {"cpu": {"shares": 1024, "quota": 50000, "period": 100000},
+          "memory": {"limit": 64 << 20}}
+
+
+def test_v2_files_and_delegation(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    podcgroup.create(podcgroup.path_for("s1"), LIMITS, root=tmp_path)
+    pod = tmp_path / "pycri" / "pod-s1"
+    assert (pod / "cpu.max").read_text() == "50000 100000"
+    assert (pod / "cpu.weight").read_text() == "39"  # runc's mapping of 1024 shares
+    assert (pod / "memory.max").read_text() == str(64 << 20)
+    # the root and /pycri delegate cpu and memory, or the files would not exist
+    for d in (tmp_path, tmp_path / "pycri"):
+        assert (d / "cgroup.subtree_control").read_text() == "+cpu +memory"
+
+
+def test_v1_files(tmp_path: Path) -> None:
+    podcgroup.create(podcgroup.path_for("s1"), {"memory": {"limit": 1 << 30}}, root=tmp_path)
+    assert (tmp_path / "memory/pycri/pod-s1/memory.limit_in_bytes").read_text() == str(1 << 30)
+    assert not (tmp_path / "cpu").exists()  # nothing asked of the cpu controller
+
+
+def test_remove_only_the_pods_own(tmp_path: Path) -> None:
+    for h in ("cpu", "memory", "pids"):
+        (tmp_path / h / "pycri" / "pod-s1").mkdir(parents=True)
+    podcgroup.remove("/pycri", "s1", root=tmp_path)  # a bad record: never a parent
+    podcgroup.remove(podcgroup.path_for("s2"), "s1", root=tmp_path)
+    assert len(list(tmp_path.glob("*/pycri/pod-s1"))) == 3
+    podcgroup.remove(podcgroup.path_for("s1"), "s1", root=tmp_path)
+    assert list(tmp_path.glob("*/pycri/pod-s1")) == []
+    podcgroup.remove(podcgroup.path_for("s1"), "s1", root=tmp_path)  # gone is fine
