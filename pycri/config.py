@@ -131,6 +131,24 @@ class CheckpointConfig:
 
 
 @dataclass
+class NRIConfig:
+    """The Node Resource Interface: plugins that see and adjust every pod and container."""
+
+    enable: bool = True
+    # Where external plugins connect (mode 0600, owned by root).
+    socket_path: str = "/var/run/nri/nri.sock"
+    # Pre-installed plugins pycri starts itself (named IDX-NAME), and their config files.
+    plugin_path: str = "/opt/nri/plugins"
+    plugin_config_path: str = "/etc/nri/conf.d"
+    # Seconds a plugin has to register after connecting, and to answer any one request;
+    # a plugin past either is disconnected and the operation goes on without it.
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+    # Only pre-installed plugins: no socket is listened on.
+    disable_connections: bool = False
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -158,6 +176,7 @@ class Config:
     cdi: CDIConfig = field(default_factory=CDIConfig)
     lists: ListsConfig = field(default_factory=ListsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    nri: NRIConfig = field(default_factory=NRIConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -276,6 +295,12 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
     if cfg.checkpoint.check_timeout <= 0:
         raise ConfigError("checkpoint.check_timeout: must be positive")
+    for key in ("registration_timeout", "request_timeout"):
+        if getattr(cfg.nri, key) <= 0:
+            raise ConfigError(f"nri.{key}: must be positive")
+    for key in ("socket_path", "plugin_path", "plugin_config_path"):
+        if not os.path.isabs(getattr(cfg.nri, key)):
+            raise ConfigError(f"nri.{key}: must be an absolute path")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -334,6 +359,7 @@ __all__ = [
     "ConfigError",
     "HelpersConfig",
     "ImagesConfig",
+    "NRIConfig",
     "RuntimeHandler",
     "StreamingConfig",
     "load",

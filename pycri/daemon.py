@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -34,6 +35,8 @@ from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
+from pycri.nri import adjust
+from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
@@ -52,6 +55,7 @@ SHUTDOWN_GRACE = 10.0
 SOCKET_MODE = 0o660
 # How long the READY probe waits for our own socket to answer Version.
 READY_PROBE_TIMEOUT = 10.0
+NRI_SOCKET_MODE = 0o600
 
 
 class DaemonError(Exception):
@@ -100,6 +104,8 @@ class Daemon:
         self.reaper: Reaper | None = None
         self.launcher: Launcher | None = None
         self.streaming: StreamingServer | None = None
+        self.nri: Adaptation | None = None
+        self._nri_socket: Path | None = None
         self._lock_fd: int | None = None
         self.proxy: SocketProxy | None = None
         # Under socket activation gRPC listens privately and the relay serves the
@@ -138,9 +144,11 @@ class Daemon:
         cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
         bus = EventBus()
-        sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus)
+        self.nri = nri = Adaptation(cfg.nri)
+        sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus, nri)
         containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
         sandboxes.containers = containers
+        nri.apply_updates = functools.partial(adjust.apply_updates, containers)
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
         # Watch first, so exits during recovery arrive; exits of records not loaded yet
@@ -159,6 +167,8 @@ class Daemon:
         if support.kernel_problem:
             log.info("pods with their own user namespace cannot run here: %s",
                      support.kernel_problem)
+        if cfg.nri.enable:
+            await self._start_nri(nri, sandboxes, containers, launcher)
         node = NodeStatus(cfg, store, cni.status, support)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
@@ -206,6 +216,36 @@ class Daemon:
                     f"{self._target} does not answer Version: {e.code().name} {e.details()}"
                 ) from None
 
+    async def _start_nri(self, nri: Adaptation, sandboxes: SandboxManager,
+                         containers: ContainerManager, launcher: Launcher) -> None:
+        """Plugins must be told of what recovery found: the specs are read off the loop."""
+        found = list(containers.containers.values())
+        specs = await asyncio.to_thread(lambda: [launcher.spec(c.id) or {} for c in found])
+        nri.load(sandboxes.sandboxes.values(), zip(found, specs, strict=True))
+        await nri.launch()
+        if self.cfg.nri.disable_connections:
+            return
+        path = Path(self.cfg.nri.socket_path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _claim_socket(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.bind(str(path))
+                os.chmod(path, NRI_SOCKET_MODE)
+                sock.listen(64)
+            except OSError:
+                sock.close()
+                raise
+        except (DaemonError, OSError) as e:
+            # Another runtime's NRI (or a second pycri) holds it: pods still run.
+            log.error("NRI: not listening on nri.socket_path %s, plugins cannot connect: %s",
+                      path, e)
+            return
+        self._nri_socket = path
+        nri.listen(sock)
+        log.info("NRI: plugins connect on %s", path)
+
     async def stop(self) -> None:
         if self.proxy is not None:
             self.proxy.stop_accepting()
@@ -218,6 +258,12 @@ class Daemon:
         if self.proxy is not None:
             await self.proxy.close()
             self.proxy = None
+        if self.nri is not None:
+            await self.nri.close()
+            self.nri = None
+        if self._nri_socket is not None:
+            self._nri_socket.unlink(missing_ok=True)
+            self._nri_socket = None
         if self.streaming is not None:
             await self.streaming.stop()
             self.streaming = None

@@ -124,7 +124,10 @@ def pycri_dirs(tmp_path: Path) -> PycriProcess:
         tmp_path / "pycri.toml",
         f'[cni]\nconf_dir = "{cni_dir}"\n'
         f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
-        f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n',
+        f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
+        f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
+        f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
+        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n',
     )
     return PycriProcess(
         root=root,

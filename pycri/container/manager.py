@@ -48,6 +48,9 @@ from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
+from pycri.nri import adjust, convert
+from pycri.nri.adaptation import Adaptation
+from pycri.nri.api import api_pb2 as nri_api
 from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
@@ -152,6 +155,7 @@ class ContainerManager:
         self.launcher = launcher
         self.sandboxes = sandboxes
         self.images = images
+        self.nri: Adaptation = sandboxes.nri
         self.containers: dict[str, Container] = {}
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
@@ -163,6 +167,7 @@ class ContainerManager:
         self.cdi = cdi.Registry(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
                                 cfg.cdi.max_spec_files)
         self.checkpoint_support = CheckpointSupport(cfg)
+        self._nri_stops: dict[str, asyncio.Task[None]] = {}  # NRI StopContainer in flight
 
     # -- lookup ------------------------------------------------------------------
 
@@ -244,7 +249,7 @@ class ContainerManager:
             async with self.lock(cid), AsyncExitStack() as undo:
                 self._save(c)
                 undo.callback(self._forget, c)
-                await self._build(c, sb, image.config, undo)
+                doc = await self._build(c, sb, image.config, undo)
                 c.state = pb.CONTAINER_CREATED
                 self._save(c)
                 undo.pop_all()
@@ -252,6 +257,7 @@ class ContainerManager:
             self.names.release(key, cid)
             self._locks.pop(cid, None)
             raise
+        await self.nri.post_create_container(c, doc)
         self._publish(c, events.CREATED)
         log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
         return cid
@@ -330,7 +336,8 @@ class ContainerManager:
 
     async def _build(
         self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Everything up to the created process; returns the spec it was created with."""
         config = c.config
         async with step("resolving CDI devices"):
             # Spec files are stat'ed (and read when changed): off the loop, before
@@ -365,7 +372,13 @@ class ContainerManager:
                 self._spec, c, sb, image, runtime_rootfs, volumes, user, profile,
                 self._pid_ns(c, sb), cdi_edits,
             )
-            c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        async with step("NRI CreateContainer"):
+            undo.push_async_callback(self.nri.undo_create_container, c)
+            adjustment = await self.nri.create_container(c, doc)
+            if adjustment is not None:
+                doc = adjust.apply_adjustment(doc, adjustment)
+        c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        # After the plugins: the mounts they add are pinned like any other.
         async with step("checking the image's rootfs"):
             await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
@@ -385,6 +398,7 @@ class ContainerManager:
         # The container's mount namespace holds its own copies now; the host's staged
         # copies would only keep the source's mount points busy (EBUSY on rmdir).
         await asyncio.to_thread(self._unstage, c)
+        return doc
 
     @staticmethod
     def _read_identity(
@@ -486,6 +500,7 @@ class ContainerManager:
             if c.state != pb.CONTAINER_CREATED:
                 state = pb.ContainerState.Name(c.state)
                 raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
+            await self.nri.start_container(c)
             # Set before the start, so an exit reported while it runs is never earlier.
             c.started_at = time.time_ns()
             self._starting.add(c.id)
@@ -507,8 +522,10 @@ class ContainerManager:
                 c.state = pb.CONTAINER_RUNNING
             self._save(c)
             self._publish(c, events.STARTED)
+            await self.nri.post_start_container(c)
             if c.state == pb.CONTAINER_EXITED:  # it exited while being started
                 self._publish(c, events.STOPPED)
+                self._nri_stop(c)
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
@@ -517,8 +534,11 @@ class ContainerManager:
                 await self._stop_locked(c, timeout)
 
     async def _stop_locked(self, c: Container, timeout: int) -> None:
-        if c.state not in RUNNING_STATES:
-            return
+        if c.state in RUNNING_STATES:
+            await self._kill(c, timeout)
+        await self._nri_stopped(c)
+
+    async def _kill(self, c: Container, timeout: int) -> None:
         if timeout > 0 and c.state == pb.CONTAINER_RUNNING:
             await self.launcher.kill(c.id, c.handler, parse_signal(c.stop_signal))
             if await self.launcher.wait_exit(c.id, timeout):
@@ -544,6 +564,7 @@ class ContainerManager:
         ):
             await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
             await self.launcher.wait_exit(c.id, KILL_WAIT)
+        await self._nri_stopped(c)
         await self.launcher.delete(c.id, c.handler)
         await asyncio.to_thread(mounts.unstage_all, mounts.rootfs_staging(self.cfg.state, c.id))
         await self.images.remove_rootfs(c.id)
@@ -552,6 +573,7 @@ class ContainerManager:
         if not c.log_path:
             (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
         self._cpu_samples.pop(c.id, None)
+        await self.nri.remove_container(c)
         self._forget(c)
         self._publish(c, events.DELETED)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
@@ -584,6 +606,21 @@ class ContainerManager:
         self._kill_leftovers(c)
         if oid not in self._starting:  # start() reports it after STARTED
             self._publish(c, events.STOPPED)
+            self._nri_stop(c)
+
+    def _nri_stop(self, c: Container) -> None:
+        """NRI plugins hear of every exit, stopped or by itself. Stop and remove wait
+        for it, so StopContainer reaches them before whatever the caller does next."""
+        if self.nri.wants(nri_api.STOP_CONTAINER):
+            self._nri_stops[c.id] = asyncio.ensure_future(self.nri.stop_container(c))
+
+    async def _nri_stopped(self, c: Container) -> None:
+        task = self._nri_stops.pop(c.id, None)
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except Exception as e:  # already logged by the adaptation where it matters
+                log.warning("NRI StopContainer of %s: %s", c.id, e)
 
     def _kill_leftovers(self, c: Container) -> None:
         """The container is EXITED: nothing may run on in its cgroup (what it left in a
@@ -636,9 +673,13 @@ class ContainerManager:
                 raise NotFound(f"container {cid!r} not found")
             if c.state not in RUNNING_STATES:
                 raise FailedPrecondition(f"container {c.id} is not running")
+            own = await self.nri.update_container(c, convert.cri_resources(resources))
+            if own is not None:  # what the plugins changed in it
+                resources = adjust.to_cri_resources(resources, own)
             await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))
             c.resources = json.loads(_to_json(resources))
             self._save(c)
+            await self.nri.post_update_container(c)
 
     async def reopen_log(self, cid: str) -> None:
         c = self.get(cid)

@@ -45,6 +45,7 @@ from pycri.network import (
 )
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
+from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
@@ -118,6 +119,7 @@ class SandboxManager:
         cni: CNIManager,
         images: ImageManager,
         events: EventBus,
+        nri: Adaptation,
     ) -> None:
         self.cfg = cfg
         self.events = events
@@ -125,8 +127,11 @@ class SandboxManager:
         self.launcher = launcher
         self.cni = cni
         self.images = images
+        self.nri = nri
         self.containers: PodContainers | None = None
         self.sandboxes: dict[str, Sandbox] = {}
+        # RunPodSandbox in flight: not listed until READY (nor while NRI plugins see it).
+        self._running: set[str] = set()
         self.names = NameRegistry("pod sandbox")
         self._locks: dict[str, asyncio.Lock] = {}
         self.pod_root = Path(cfg.root) / "sandboxes"
@@ -228,6 +233,7 @@ class SandboxManager:
             cgroup_parent=config.linux.cgroup_parent,
         )
         self._check_userns_support(sb)
+        self._running.add(sid)
         try:
             async with self.lock(sid), AsyncExitStack() as undo:
                 # Written first, so a crash half-way leaves a NOTREADY pod that
@@ -235,6 +241,9 @@ class SandboxManager:
                 self._save(sb)
                 undo.callback(self._forget, sb)
                 await self._setup(sb, undo)
+                async with step("NRI RunPodSandbox"):
+                    undo.push_async_callback(self.nri.undo_run_pod_sandbox, sb)
+                    await self.nri.run_pod_sandbox(sb)
                 sb.state = pb.SANDBOX_READY
                 self._save(sb)
                 undo.pop_all()
@@ -242,6 +251,8 @@ class SandboxManager:
             self.names.release(name_key(md), sid)
             self._locks.pop(sid, None)
             raise
+        finally:
+            self._running.discard(sid)
         self._publish(sb, events.CREATED)
         self._publish(sb, events.STARTED)
         log.info("pod sandbox %s (%s/%s) ready, ips %s", sid, md.namespace, md.name, sb.ips)
@@ -443,6 +454,8 @@ class SandboxManager:
             self._publish(sb, events.STOPPED)
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
+        # Plugins hear of it with the containers stopped and the pod still reachable.
+        await self.nri.stop_pod_sandbox(sb)
         async with step("stopping the infra container"):
             await self._kill_infra(sb)  # decides on the runtime's state, not the record
         if not sb.host_network and not sb.network_torn_down:
@@ -467,6 +480,7 @@ class SandboxManager:
             await self._stop_locked(sb)
             if self.containers is not None:
                 await self.containers.remove_all(sb.id)
+            await self.nri.remove_pod_sandbox(sb)
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
                 await asyncio.to_thread(
@@ -542,6 +556,8 @@ class SandboxManager:
     ) -> builtins.list[Sandbox]:
         """Sandboxes matching a ListPodSandbox or ListPodSandboxStats filter."""
         out = list(self.sandboxes.values())
+        if self._running:
+            out = [s for s in out if s.id not in self._running]
         if flt is None:
             return out
         if flt.id:
