@@ -376,7 +376,10 @@ class ContainerManager:
             undo.push_async_callback(self.nri.undo_create_container, c)
             adjustment = await self.nri.create_container(c, doc)
             if adjustment is not None:
-                doc = adjust.apply_adjustment(doc, adjustment)
+                # CDI devices a plugin names resolve like the request's own (files read:
+                # off the loop).
+                doc = await asyncio.to_thread(
+                    adjust.apply_adjustment, doc, adjustment, cdi=self.cdi.inject)
         c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         # After the plugins: the mounts they add are pinned like any other.
         async with step("checking the image's rootfs"):

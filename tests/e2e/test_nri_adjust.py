@@ -232,7 +232,7 @@ def _missing_source(adj: api.ContainerAdjustment, tmp: Path) -> None:
 
 @pytest.mark.parametrize("setup,problem", [
     (_relative_mount, 'bad": mount destination \'relative\' must be an absolute path'),
-    (_cdi_device, "CDI devices vendor.example/gpu=0"),
+    (_cdi_device, "unknown CDI device vendor.example/gpu=0"),
     (_missing_source, "absent"),
 ], ids=["invalid-value", "unresolvable-cdi", "runtime-refuses"])
 def test_an_adjustment_that_cannot_be_done_fails_create_and_leaves_nothing(
@@ -252,3 +252,30 @@ def test_an_adjustment_that_cannot_be_done_fails_create_and_leaves_nothing(
     assert per_object_dirs(node) == before
     p.plugin.replies["CreateContainer"] = api.CreateContainerResponse()
     node.run(sid, cfg, "refused", SLEEP)
+
+
+def test_a_plugin_injects_a_cdi_device_resolved_from_the_nodes_spec_files(
+    node: Node, plugins: Callable[..., PluginThread],
+) -> None:
+    """An NRI plugin naming a CDI device gets it resolved like ContainerConfig.CDI_devices:
+    from the node's [cdi] spec_dirs, edits applied to the container's spec."""
+    cdi_dir = node.tmp / "cdi-specs"
+    cdi_dir.mkdir()
+    (cdi_dir / "null.json").write_text(json.dumps({
+        "cdiVersion": "0.6.0", "kind": "pycri.test/nri",
+        "devices": [{"name": "null", "containerEdits": {
+            "deviceNodes": [{"path": "/dev/nri-cdi-null", "hostPath": "/dev/null"}],
+            "env": ["FROM_CDI_VIA_NRI=1"]}}],
+    }))
+    with open(node.proc.config, "a") as f:
+        f.write(f"[cdi]\nspec_dirs = {json.dumps([str(cdi_dir)])}\n")
+    node.restart()
+    sid, cfg = node.run_pod("nri-cdi")
+    reply = api.CreateContainerResponse()
+    reply.adjust.CDI_devices.append(api.CDIDevice(name="pycri.test/nri=null"))
+    p = plugins("cdi", "10")
+    p.plugin.replies["CreateContainer"] = for_container("with-device", reply)
+    cid = node.run(sid, cfg, "with-device", SLEEP)
+    assert "FROM_CDI_VIA_NRI=1" in out(node, cid, "env")
+    listing = out(node, cid, "ls", "-l", "/dev/nri-cdi-null")
+    assert listing.startswith("c"), listing
