@@ -202,14 +202,14 @@ class SandboxManager:
             return None
         return Idmap(Path(ns.path), ns.uids[0].host_id, ns.gids[0].host_id)
 
-    def _check_userns_support(self, sb: Sandbox) -> None:
-        if spec.pod_id_maps(sb.config) is None:
+    def _check_userns_support(self, config: pb.PodSandboxConfig, runtime_handler: str) -> None:
+        if spec.pod_id_maps(config) is None:
             return
         support = self.userns_support
-        problem = support.problem(sb.runtime_handler) if support else "not probed"
+        problem = support.problem(runtime_handler) if support else "not probed"
         if problem:
             raise FailedPrecondition(
-                f"runtime handler {sb.runtime_handler!r} cannot run pods with their own user "
+                f"runtime handler {runtime_handler!r} cannot run pods with their own user "
                 f"namespace on this host: {problem}")
 
     def _save(self, sb: Sandbox) -> None:
@@ -222,6 +222,8 @@ class SandboxManager:
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
         md = config.metadata  # checked by the request gate (server/validate.py)
         handler = self.launcher.handler_name(runtime_handler)
+        # Before the name is reserved: a refusal must leave it free for a retry.
+        self._check_userns_support(config, runtime_handler)
         sid = new_id()
         self.names.reserve(name_key(md), sid)
         sb = Sandbox(
@@ -232,7 +234,6 @@ class SandboxManager:
             created_at=time.time_ns(),
             cgroup_parent=config.linux.cgroup_parent,
         )
-        self._check_userns_support(sb)
         self._running.add(sid)
         try:
             async with self.lock(sid), AsyncExitStack() as undo:

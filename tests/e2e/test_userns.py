@@ -230,6 +230,23 @@ def test_refusals_name_the_problem_and_create_nothing(
     assert not list((node.tmp / "root" / "sandboxes").glob("*"))  # refused at the gate
 
 
+def test_a_handler_without_support_is_refused_and_the_name_stays_free(node: Node) -> None:
+    """A handler whose runtime is too old for user namespaces refuses such a pod with
+    FailedPrecondition, creates nothing, and a retry under the same name (on a handler
+    that can) is not AlreadyExists."""
+    node.add_runtime("oldrunc", '#!/bin/sh\n'
+                     'if [ "$1" = --version ]; then echo "runc version 1.0.0"; exit 0; fi\n'
+                     'exec runc "$@"\n')
+    with pytest.raises(grpc.RpcError) as e:
+        run_pod(node, "userns-retry", userns(host_base()), handler="oldrunc")
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert "'oldrunc' cannot run pods with their own user namespace" in (e.value.details() or "")
+    assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+    sid, _ = run_pod(node, "userns-retry", userns(host_base()), handler="runc")
+    assert node.cri.runtime.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=sid)).status.state == pb.SANDBOX_READY
+
+
 def test_idmapped_mount_needs_the_pods_mappings(node: Node) -> None:
     host = host_base()
     sid, cfg = run_pod(node, "userns-othermap", userns(host))
