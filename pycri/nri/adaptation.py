@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from google.protobuf.message import Message
 
 from pycri import __version__
+from pycri.api import api_pb2 as pb
 from pycri.config import NRIConfig
 from pycri.container.model import Container
 from pycri.errors import InvalidArgument, PycriError
@@ -374,6 +375,26 @@ class Adaptation:
             await self._call(api.REMOVE_POD_SANDBOX, "RemovePodSandbox",
                              api.RemovePodSandboxRequest(pod=convert.pod_sandbox(sb)),
                              api.RemovePodSandboxResponse, refuse=False)
+
+    async def update_pod_sandbox(self, sb: Sandbox, overhead: pb.LinuxContainerResources | None,
+                                 resources: pb.LinuxContainerResources | None) -> None:
+        """Before UpdatePodSandboxResources changes anything; an error fails it."""
+        if sb.id not in self._pods or not self.wants(api.UPDATE_POD_SANDBOX):
+            return
+        req = api.UpdatePodSandboxRequest(pod=convert.pod_sandbox(sb))
+        if overhead is not None:
+            req.overhead_linux_resources.CopyFrom(convert.cri_resources(overhead))
+        if resources is not None:
+            req.linux_resources.CopyFrom(convert.cri_resources(resources))
+        await self._call(api.UPDATE_POD_SANDBOX, "UpdatePodSandbox", req,
+                         api.UpdatePodSandboxResponse, refuse=True)
+
+    async def post_update_pod_sandbox(self, sb: Sandbox) -> None:
+        """The pod's new resources are recorded (and written where pycri owns its cgroup)."""
+        if sb.id in self._pods and self.wants(api.POST_UPDATE_POD_SANDBOX):
+            await self._call(api.POST_UPDATE_POD_SANDBOX, "PostUpdatePodSandbox",
+                             api.PostUpdatePodSandboxRequest(pod=convert.pod_sandbox(sb)),
+                             api.PostUpdatePodSandboxResponse, refuse=False)
 
     # -- container hooks ----------------------------------------------------------------
 

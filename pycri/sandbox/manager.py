@@ -513,6 +513,8 @@ class SandboxManager:
         async with self._held(sid) as sb:
             if sb is None:
                 raise NotFound(f"pod sandbox {sid!r} not found")
+            async with step("NRI UpdatePodSandbox"):
+                await self.nri.update_pod_sandbox(sb, overhead, resources)
             config = pb.PodSandboxConfig()
             config.CopyFrom(sb.config)
             for name, value in (("overhead", overhead), ("resources", resources)):
@@ -541,6 +543,7 @@ class SandboxManager:
                 if sb.own_cgroup:
                     await self._restore_pod_limits(sb)
                 raise
+        await self.nri.post_update_pod_sandbox(sb)
 
     async def _restore_pod_limits(self, sb: Sandbox) -> None:
         """Write the recorded limits back over a resize that did not complete."""

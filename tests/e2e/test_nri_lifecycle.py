@@ -453,3 +453,40 @@ def test_plugin_hanging_in_synchronize_delays_requests_at_most_its_timeout(
     stuck.wait_closed()
     assert node.pod_status(sid).state == pb.SANDBOX_READY
     assert "RunPodSandbox" not in stuck.names()
+
+
+def test_pod_resize_hooks_see_the_new_resources_and_a_refusal_changes_nothing(
+        node: Node, plugins: Callable[..., PluginThread]) -> None:
+    """UpdatePodSandboxResources: UpdatePodSandbox (before, an error fails the RPC) with
+    the overhead and resources asked for, then PostUpdatePodSandbox once recorded."""
+    p = plugins(events=("UpdatePodSandbox", "PostUpdatePodSandbox"))
+    sid, _ = node.run_pod("nri-resize")
+
+    def resize(shares: int) -> None:
+        node.cri.runtime.UpdatePodSandboxResources(pb.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id=sid,
+            overhead=pb.LinuxContainerResources(cpu_shares=10),
+            resources=pb.LinuxContainerResources(cpu_shares=shares,
+                                                 memory_limit_in_bytes=64 << 20)))
+
+    def recorded() -> int:
+        info = json.loads(node.cri.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(
+            pod_sandbox_id=sid, verbose=True)).info["info"])
+        return int(info["podResources"]["resources"].get("cpuShares", 0))
+
+    resize(300)
+    p.wait_for("PostUpdatePodSandbox")
+    assert _for(p.events(), sid) == ["UpdatePodSandbox", "PostUpdatePodSandbox"]
+    req = next(r for m, r in p.events() if m == "UpdatePodSandbox")
+    assert req.pod.id == sid and req.pod.name == "nri-resize"
+    assert req.linux_resources.cpu.shares.value == 300
+    assert req.linux_resources.memory.limit.value == 64 << 20
+    assert req.overhead_linux_resources.cpu.shares.value == 10
+    assert recorded() == 300
+
+    p.plugin.errors["UpdatePodSandbox"] = "resize not allowed"
+    with pytest.raises(grpc.RpcError) as e:
+        resize(500)
+    assert "resize not allowed" in (e.value.details() or "")
+    assert recorded() == 300
+    assert _for(p.events(), sid).count("PostUpdatePodSandbox") == 1
