@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from pycri.api import api_pb2 as pb
+from pycri.container.manager import ContainerManager
+from pycri.container.model import Container
 from pycri.sandbox.manager import SandboxManager
 from pycri.sandbox.model import Sandbox
 from pycri.server.errors import rpc
@@ -50,6 +54,8 @@ def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
 
 class SandboxRPCs:
     sandboxes: SandboxManager
+    containers: ContainerManager
+    _container_statuses: ItemCache[Container, pb.ContainerStatus]  # ContainerRPCs's
     _sandbox_items: ItemCache[Sandbox, pb.PodSandbox] = ItemCache(sandbox_item)
     _sandbox_statuses: ItemCache[Sandbox, pb.PodSandboxStatus] = ItemCache(sandbox_status)
 
@@ -80,7 +86,15 @@ class SandboxRPCs:
     ) -> pb.PodSandboxStatusResponse:
         sb = self.sandboxes.get(request.pod_sandbox_id)
         info = self.sandboxes.verbose_info(sb) if request.verbose else {}
-        return pb.PodSandboxStatusResponse(status=self._sandbox_statuses.get(sb), info=info)
+        # The pod's container statuses as of `timestamp`: what the kubelet's evented PLEG
+        # reads instead of a ContainerStatus per container.
+        return pb.PodSandboxStatusResponse(
+            status=self._sandbox_statuses.get(sb), info=info,
+            containers_statuses=self._container_statuses.all(
+                [c for c in self.containers.of_sandbox(sb.id)
+                 if c.state != pb.CONTAINER_UNKNOWN]),
+            timestamp=time.time_ns(),
+        )
 
     @rpc
     async def ListPodSandbox(
