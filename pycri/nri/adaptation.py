@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import contextvars
 import logging
-import re
 import socket
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -54,8 +53,6 @@ RUNTIME_NAME = "pycri"
 # sent in parts (`more`), as the protocol allows.
 SYNC_CHUNK_BYTES = 3 << 20
 SHUTDOWN_TIMEOUT = 1.0
-_PLUGIN_NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")
-_PLUGIN_INDEX = re.compile(r"^[0-9]{2}$")
 ALL_EVENTS = (1 << (api.LAST - 1)) - 1
 # Set while plugins' own updates are applied: they go through UpdateContainerResources'
 # path but are no news to the plugins (nor must they wait for the hook they came from).
@@ -270,9 +267,9 @@ class Adaptation:
         """RegisterPlugin: a bad name or index is refused, and the plugin not connected."""
         if p.registered.done():
             raise InvalidArgument("plugin already registered")
-        if not _PLUGIN_NAME.match(req.plugin_name):
+        if not launch.PLUGIN_NAME.fullmatch(req.plugin_name):
             err = InvalidArgument(f"invalid plugin name {req.plugin_name!r}")
-        elif not _PLUGIN_INDEX.match(req.plugin_idx):
+        elif not launch.PLUGIN_INDEX.fullmatch(req.plugin_idx):
             err = InvalidArgument(f"invalid plugin index {req.plugin_idx!r} (two digits)")
         else:
             if not p.base:  # a pre-installed plugin is known by its file name

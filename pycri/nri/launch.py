@@ -25,8 +25,10 @@ from pycri import procs
 
 log = logging.getLogger(__name__)
 
-_INDEX = re.compile(r"[0-9]{2}")
-_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+# A plugin's index and name, as registered or as its file name `IDX-NAME` gives them
+# (always matched whole).
+PLUGIN_INDEX = re.compile(r"[0-9]{2}")
+PLUGIN_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,9 @@ class Launched:
 def parse_name(filename: str) -> tuple[str, str]:
     """(idx, name) of `<idx>-<name>`; ValueError saying what is wrong otherwise."""
     idx, sep, name = filename.partition("-")
-    if not sep or not _INDEX.fullmatch(idx):
+    if not sep or not PLUGIN_INDEX.fullmatch(idx):
         raise ValueError(f"invalid NRI plugin name {filename!r}: <2-digit index>-<name> expected")
-    if not _NAME.fullmatch(name):
+    if not PLUGIN_NAME.fullmatch(name):
         raise ValueError(f"invalid NRI plugin name {filename!r}: the name may only contain "
                          "[A-Za-z0-9_.+-]")
     return idx, name

@@ -359,10 +359,11 @@ def test_plugins_connecting_in_a_loop_leak_nothing(node: Node,
                 p.wait_for("Synchronize")  # half of them leave before synchronizing
         finally:
             p.close()
-    bad = PluginThread("bad name!", "xx")  # refused at registration
-    with pytest.raises(TTRPCError):
-        bad.connect(node.nri_socket, timeout=5)
-    bad.close()
+    for name, idx in (("bad name!", "xx"), ("trailing\n", "10"), ("ok", "10\n")):
+        bad = PluginThread(name, idx)  # refused at registration
+        with pytest.raises(TTRPCError):
+            bad.connect(node.nri_socket, timeout=5)
+        bad.close()
     last = plugins("last")  # the daemon still takes plugins, and knows the pod
     assert last.plugin.synced is not None and sid in [q.id for q in last.plugin.synced.pods]
     deadline = time.monotonic() + 10
