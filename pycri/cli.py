@@ -59,6 +59,9 @@ class _JSONFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        fields = getattr(record, "fields", None)  # server/oplog.py: one key per field
+        if isinstance(fields, dict):
+            entry.update((k, v) for k, v in fields.items() if k not in entry)
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry)

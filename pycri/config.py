@@ -115,6 +115,8 @@ class Config:
     streaming_address: str = "127.0.0.1:0"
     # Clamp containers' oom_score_adj to the daemon's own (root lacks CAP_SYS_RESOURCE here).
     restrict_oom_score_adj: bool = True
+    # Prometheus /metrics on host:port (e.g. "127.0.0.1:9090"); empty: no endpoint.
+    metrics_address: str = ""
     runtimes: dict[str, RuntimeHandler] = field(
         default_factory=lambda: {
             "runc": RuntimeHandler(path="/usr/sbin/runc"),
@@ -231,6 +233,11 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
     if cfg.helpers.max_concurrent < 1:
         raise ConfigError("helpers.max_concurrent: must be at least 1")
+    if cfg.metrics_address:
+        host, sep, port = cfg.metrics_address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"metrics_address: {cfg.metrics_address!r} is not host:port "
+                              "(port 1-65535)")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.

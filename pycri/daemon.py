@@ -17,11 +17,12 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from pycri import malloc, procs
+from pycri import malloc, metrics, procs
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
@@ -92,6 +93,7 @@ class Daemon:
         self.launcher: Launcher | None = None
         self.streaming: StreamingServer | None = None
         self._lock_fd: int | None = None
+        self._stop_metrics: Callable[[], None] | None = None
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -135,6 +137,13 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
+        if cfg.metrics_address:
+            collector = metrics.StateCollector(sandboxes, containers, launcher, streaming)
+            try:
+                self._stop_metrics = metrics.serve(cfg.metrics_address, collector)
+            except OSError as e:
+                raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
+            log.info("metrics on http://%s/metrics", cfg.metrics_address)
         sock = cfg.socket_path
         _claim_socket(sock)
         server = grpc.aio.server(
@@ -160,6 +169,9 @@ class Daemon:
             self.server = None
             # Only a socket we served is ours to remove; a refused start leaves it alone.
             self.cfg.socket_path.unlink(missing_ok=True)
+        if self._stop_metrics is not None:
+            await asyncio.to_thread(self._stop_metrics)  # waits for its serving thread
+            self._stop_metrics = None
         if self.streaming is not None:
             await self.streaming.stop()
             self.streaming = None

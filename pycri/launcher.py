@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pycri import metrics
 from pycri.config import Config
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.monitor import conmon
@@ -130,19 +131,22 @@ class Launcher:
         try:
             (bundle / "config.json").write_text(json.dumps(spec))
             self._exited.pop(oid, None)
-            created = await conmon.create(
-                oid,
-                bundle,
-                runtime=self.runtime(handler),
-                log_path=log_path,
-                exit_dir=self.exit_dir,
-                persist_dir=self.persist_dir(oid),
-                tty=tty,
-                stdin=stdin,
-                stdin_once=stdin_once,
-                conmon=self.cfg.conmon,
-                reaper=self.reaper,
-            )
+            runtime = self.runtime(handler)
+            with metrics.timed(metrics.RUNTIME_SECONDS.labels(runtime.name, "create"),
+                               metrics.RUNTIME_ERRORS.labels(runtime.name, "create")):  # fmt: skip
+                created = await conmon.create(
+                    oid,
+                    bundle,
+                    runtime=runtime,
+                    log_path=log_path,
+                    exit_dir=self.exit_dir,
+                    persist_dir=self.persist_dir(oid),
+                    tty=tty,
+                    stdin=stdin,
+                    stdin_once=stdin_once,
+                    conmon=self.cfg.conmon,
+                    reaper=self.reaper,
+                )
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
@@ -194,6 +198,10 @@ class Launcher:
         pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
         if pid:
             await self.reaper.wait(pid, 10.0)
+
+    def monitors_running(self) -> int:
+        """How many conmons are being watched now (the metrics' conmon count)."""
+        return sum(1 for t in list(self._monitors.values()) if not t.done())
 
     def monitor_alive(self, oid: str) -> bool:
         """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),

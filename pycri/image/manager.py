@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
-from pycri import errors, malloc
+from pycri import errors, malloc, metrics
 from pycri.config import ImagesConfig
 from pycri.image import reference, schema
 from pycri.image.auth import Auth
@@ -216,6 +216,10 @@ class ImageManager:
 
     async def pull(self, ref: str, auth: Auth | None = None) -> str:
         """Fetch, verify and unpack `ref`; returns the image ID (config digest)."""
+        with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
+            return await self._pull(ref, auth)
+
+    async def _pull(self, ref: str, auth: Auth | None) -> str:
         r = reference.parse(ref)
         if auth is not None:
             auth.basic()  # a malformed `auth` field fails before any network traffic
