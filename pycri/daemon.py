@@ -22,13 +22,14 @@ from pathlib import Path
 
 import grpc
 
-from pycri import malloc, metrics, procs
+from pycri import malloc, metrics, procs, reload
 from pycri.api import api_pb2_grpc as pb_grpc
-from pycri.config import Config
+from pycri.config import Config, ConfigError
 from pycri.container.manager import ContainerManager
 from pycri.events import EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
+from pycri.logs import setup_logging
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
 from pycri.sandbox.manager import SandboxManager
@@ -84,8 +85,12 @@ def _claim_socket(path: Path) -> None:
 class Daemon:
     """Owns the store, the domain components and the gRPC server."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, loader: Callable[[], Config] | None = None) -> None:
+        """`loader` reads and validates the config again (SIGHUP); raises ConfigError."""
         self.cfg = cfg
+        self._loader = loader
+        self._reloading = asyncio.Lock()
+        self._collector: metrics.StateCollector | None = None
         self.store: Store | None = None
         self.server: grpc.aio.Server | None = None
         self.images: ImageManager | None = None
@@ -137,10 +142,11 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
+        self._collector = metrics.StateCollector(sandboxes, containers, launcher, streaming)
+        metrics.REGISTRY.register(self._collector)  # computes nothing until scraped
         if cfg.metrics_address:
-            collector = metrics.StateCollector(sandboxes, containers, launcher, streaming)
             try:
-                self._stop_metrics = metrics.serve(cfg.metrics_address, collector)
+                self._stop_metrics = metrics.serve(cfg.metrics_address)
             except OSError as e:
                 raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
             log.info("metrics on http://%s/metrics", cfg.metrics_address)
@@ -172,6 +178,9 @@ class Daemon:
         if self._stop_metrics is not None:
             await asyncio.to_thread(self._stop_metrics)  # waits for its serving thread
             self._stop_metrics = None
+        if self._collector is not None:
+            metrics.REGISTRY.unregister(self._collector)
+            self._collector = None
         if self.streaming is not None:
             await self.streaming.stop()
             self.streaming = None
@@ -191,12 +200,61 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    async def reload(self) -> None:
+        """SIGHUP: take the keys pycri can change live (reload.py) from the config file,
+        all or nothing. Running pods and containers are not touched; one line says what
+        changed, or which key made the new file unacceptable."""
+        if self._loader is None:
+            return
+        async with self._reloading:
+            try:
+                new = await asyncio.to_thread(self._loader)
+                changed = reload.changed_keys(self.cfg, new)
+                reload.check(self.cfg, new, changed)
+                if "metrics_address" in changed:
+                    await self._move_metrics(new.metrics_address)
+            except (ConfigError, DaemonError) as e:
+                log.error("config reload refused, the running config stays: %s", e)
+                return
+            cfg = self.cfg
+            cfg.log_level, cfg.log_format = new.log_level, new.log_format
+            setup_logging(cfg)
+            cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
+            if self.launcher is not None:
+                self.launcher.set_runtimes()
+            # Read by the next pull (ImageManager shares this ImagesConfig).
+            cfg.images.registries_conf = new.images.registries_conf
+            cfg.images.registries_conf_dir = new.images.registries_conf_dir
+            log.info("config reloaded: %s", ", ".join(changed) or "nothing changed")
+
+    async def _move_metrics(self, address: str) -> None:
+        """Serve metrics on `address` (empty: nowhere); the old endpoint closes only once
+        the new one listens, so a refused address changes nothing."""
+        start = None
+        if address:
+            try:
+                start = await asyncio.to_thread(metrics.serve, address)
+            except OSError as e:
+                raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
+        if self._stop_metrics is not None:
+            await asyncio.to_thread(self._stop_metrics)
+        self._stop_metrics = start
+        self.cfg.metrics_address = address
+
     async def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+
+        def hup() -> None:
+            task = loop.create_task(self.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hup)
         try:
             await self.start()
             await stop.wait()

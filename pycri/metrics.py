@@ -178,21 +178,15 @@ def _count(enum: object, states: Iterable[int]) -> list[tuple[str, int]]:
             for v, n in counts.items()]
 
 
-def serve(address: str, collector: Collector) -> Callable[[], None]:
+def serve(address: str) -> Callable[[], None]:
     """Serve /metrics on `address` (host:port) from a thread; returns the stopper.
     Raises OSError when the address cannot be bound."""
     host, _, port = address.rpartition(":")
-    REGISTRY.register(collector)
-    try:
-        server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=REGISTRY)
-    except BaseException:
-        REGISTRY.unregister(collector)
-        raise
+    server, thread = start_http_server(int(port), addr=host.strip("[]"), registry=REGISTRY)
 
     def stop() -> None:
         server.shutdown()
         server.server_close()
         thread.join()
-        REGISTRY.unregister(collector)
 
     return stop

@@ -1,0 +1,37 @@
+"""What a SIGHUP may change (pycri/reload.py), decided from two configs."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pycri import reload
+from pycri.config import Config, ConfigError, RuntimeHandler
+
+
+def test_changed_keys_are_dotted_and_sorted() -> None:
+    old = Config()
+    new = Config(log_format="json", metrics_address="127.0.0.1:9090")
+    new.runtimes = {**old.runtimes, "kata": RuntimeHandler(path="/usr/bin/kata")}
+    new.runtimes["runc"] = RuntimeHandler(path="/opt/runc", timeout=5)
+    new.images.registries_conf_dir = "/etc/pycri/registries.d"
+    changed = reload.changed_keys(old, new)
+    assert changed == ["images.registries_conf_dir", "log_format", "metrics_address",
+                       "runtimes.kata", "runtimes.runc.path", "runtimes.runc.timeout"]
+    reload.check(old, new, changed)  # all of these apply live
+    assert reload.changed_keys(old, Config()) == []
+
+
+@pytest.mark.parametrize(("key", "change"), [
+    ("root", lambda c: setattr(c, "root", "/srv/pycri")),
+    ("images.ca_file", lambda c: setattr(c.images, "ca_file", "/etc/ca.pem")),
+    ("cni.conf_dir", lambda c: setattr(c.cni, "conf_dir", "/tmp/net.d")),
+    ("runtimes.runc.root", lambda c: c.runtimes.__setitem__(
+        "runc", RuntimeHandler(path="/usr/sbin/runc", root="/run/elsewhere"))),
+])  # fmt: skip
+def test_keys_that_need_a_restart_are_refused(key: str, change: object) -> None:
+    old, new = Config(), Config()
+    change(new)  # type: ignore[operator]
+    with pytest.raises(ConfigError, match="^" + re.escape(key) + ": cannot change"):
+        reload.check(old, new, reload.changed_keys(old, new))
