@@ -96,6 +96,7 @@ class Daemon:
         self.images: ImageManager | None = None
         self.reaper: Reaper | None = None
         self.launcher: Launcher | None = None
+        self.cni: CNIManager | None = None
         self.streaming: StreamingServer | None = None
         self._lock_fd: int | None = None
         self._stop_metrics: Callable[[], None] | None = None
@@ -119,7 +120,7 @@ class Daemon:
         pinned = [cfg.pause_image] if cfg.pause_image else []
         self.images = images = ImageManager(root, cfg.images, store, pinned)
         images.recover()
-        cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
+        self.cni = cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
         bus = EventBus()
         sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus)
@@ -225,6 +226,13 @@ class Daemon:
             # Read by the next pull (ImageManager shares this ImagesConfig).
             cfg.images.registries_conf = new.images.registries_conf
             cfg.images.registries_conf_dir = new.images.registries_conf_dir
+            cfg.pause_image = new.pause_image  # read by the next RunPodSandbox
+            if self.images is not None:
+                self.images.set_pinned([cfg.pause_image] if cfg.pause_image else [])
+            cfg.cni.conf_dir, cfg.cni.bin_dirs = new.cni.conf_dir, new.cni.bin_dirs
+            cfg.cni.plugin_timeout = new.cni.plugin_timeout
+            if self.cni is not None:
+                self.cni.reconfigure(cfg.cni)
             log.info("config reloaded: %s", ", ".join(changed) or "nothing changed")
 
     async def _move_metrics(self, address: str) -> None:

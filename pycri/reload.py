@@ -16,7 +16,8 @@ from pycri.config import Config, ConfigError
 # Dotted keys (or prefixes ending in ".") a running daemon applies (Daemon.reload).
 RELOADABLE = (
     "log_level", "log_format", "default_runtime", "runtimes.", "metrics_address",
-    "images.registries_conf", "images.registries_conf_dir",
+    "images.registries_conf", "images.registries_conf_dir", "pause_image", "cni.conf_dir",
+    "cni.bin_dirs", "cni.plugin_timeout",
 )  # fmt: skip
 
 

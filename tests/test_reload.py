@@ -16,9 +16,11 @@ def test_changed_keys_are_dotted_and_sorted() -> None:
     new.runtimes = {**old.runtimes, "kata": RuntimeHandler(path="/usr/bin/kata")}
     new.runtimes["runc"] = RuntimeHandler(path="/opt/runc", timeout=5)
     new.images.registries_conf_dir = "/etc/pycri/registries.d"
+    new.cni.bin_dirs = ["/opt/cni/bin"]
     changed = reload.changed_keys(old, new)
-    assert changed == ["images.registries_conf_dir", "log_format", "metrics_address",
-                       "runtimes.kata", "runtimes.runc.path", "runtimes.runc.timeout"]
+    assert changed == ["cni.bin_dirs", "images.registries_conf_dir", "log_format",
+                       "metrics_address", "runtimes.kata", "runtimes.runc.path",
+                       "runtimes.runc.timeout"]
     reload.check(old, new, changed)  # all of these apply live
     assert reload.changed_keys(old, Config()) == []
 
@@ -26,7 +28,7 @@ def test_changed_keys_are_dotted_and_sorted() -> None:
 @pytest.mark.parametrize(("key", "change"), [
     ("root", lambda c: setattr(c, "root", "/srv/pycri")),
     ("images.ca_file", lambda c: setattr(c.images, "ca_file", "/etc/ca.pem")),
-    ("cni.conf_dir", lambda c: setattr(c.cni, "conf_dir", "/tmp/net.d")),
+    ("cni.default_subnet", lambda c: setattr(c.cni, "default_subnet", "10.9.0.0/16")),
     ("runtimes.runc.root", lambda c: c.runtimes.__setitem__(
         "runc", RuntimeHandler(path="/usr/sbin/runc", root="/run/elsewhere"))),
 ])  # fmt: skip

@@ -121,10 +121,8 @@ class ImageManager:
         self._sem = asyncio.Semaphore(cfg.max_concurrent_downloads)
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._held: Counter[str] = Counter()
-        self._pinned = set()
-        for ref in pinned:
-            with contextlib.suppress(errors.InvalidArgument):
-                self._pinned.add(str(reference.parse(ref)))
+        self._pinned: set[str] = set()
+        self.set_pinned(pinned)
         self._by_ref: dict[str, str] = {}
         self._warned: set[str] = set()  # records already reported as unreadable
         self._reindex()
@@ -197,6 +195,15 @@ class ImageManager:
         iid = self._resolve(ref)
         rec = self._store.get(IMAGE, iid) if iid else None
         return self._image(iid, rec) if iid and rec else None
+
+    def set_pinned(self, refs: Iterable[str]) -> None:
+        """The images the config names (the pause image): reported pinned to the kubelet,
+        so its image GC leaves them; replaced on reload."""
+        pinned = set()
+        for ref in refs:
+            with contextlib.suppress(errors.InvalidArgument):
+                pinned.add(str(reference.parse(ref)))
+        self._pinned = pinned
 
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:

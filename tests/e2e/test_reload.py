@@ -3,19 +3,23 @@ running pods and containers untouched (pycri/reload.py, Daemon.reload)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
+import secrets
 import signal
+import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 
 import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
-from tests.e2e.conftest import Node
+from tests.e2e.conftest import Node, conflist
 from tests.e2e.test_operator import _free_port, _listening_ports
 
 
@@ -45,7 +49,18 @@ def _serves(address: str) -> bool:
         return False
 
 
-def test_sighup_applies_a_good_file_and_refuses_a_bad_one(node: Node) -> None:
+@pytest.fixture
+def bridge(node: Node) -> Iterator[str]:
+    """A second bridge for the reloaded network, deleted afterwards."""
+    name = f"{node.bridge}r"[:15]
+    yield name
+    node.remove_all()  # its pods first, so the plugins' DEL finds the bridge
+    nat = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True)
+    subprocess.run(["ip", "link", "del", name], capture_output=True)
+    assert f"e2e-{name}" not in nat.stdout
+
+
+def test_sighup_applies_a_good_file_and_refuses_a_bad_one(node: Node, bridge: str) -> None:
     base = node.proc.config.read_text()
     first = f"127.0.0.1:{_free_port()}"
     node.proc.config.write_text(f'metrics_address = "{first}"\n{base}')
@@ -69,12 +84,18 @@ def test_sighup_applies_a_good_file_and_refuses_a_bad_one(node: Node) -> None:
     blocked.write_text(f'[[registry]]\nlocation = "{node.image.split("/")[0]}"\n'
                        "blocked = true\n")
     images = re.sub(r'registries_conf = ".*"', f'registries_conf = "{blocked}"', base)
+    # Another network (bridge, subnet) from another conf dir: new pods get its IPs.
+    net_d = node.tmp / "net2.d"
+    net_d.mkdir()
+    subnet = f"10.197.{secrets.randbelow(250)}.0/24"
+    (net_d / "10-e2e.conflist").write_text(conflist(bridge, subnet, node.tmp / "ipam2", []))
+    images = re.sub(r'^conf_dir = ".*"', f'conf_dir = "{net_d}"', images, flags=re.M)
     line = _reload(node, f'metrics_address = "{second}"\ndefault_runtime = "crun"\n'
                    f'log_format = "json"\n{images}[runtimes.extra]\npath = "/usr/bin/crun"\n',
                    "config reloaded: ")
     entry = json.loads(line)  # the new format already applies to the reload's own line
     assert entry["level"] == "info" and entry["msg"] == (
-        "config reloaded: default_runtime, images.registries_conf, log_format, "
+        "config reloaded: cni.conf_dir, default_runtime, images.registries_conf, log_format, "
         "metrics_address, runtimes.extra"), entry
     assert _serves(second) and not _serves(first)
     assert node.proc.proc is not None
@@ -90,6 +111,10 @@ def test_sighup_applies_a_good_file_and_refuses_a_bad_one(node: Node) -> None:
     assert "extra" in [h.name for h in status.runtime_handlers]
     sid2, _ = node.run_pod("after")
     assert (node.tmp / "state" / "crun" / sid2).is_dir()
+    new_ip = node.pod_status(sid2).network.ip
+    assert ipaddress.ip_address(new_ip) in ipaddress.ip_network(subnet), (new_ip, subnet)
+    old_ip = node.pod_status(sid).network.ip
+    assert ipaddress.ip_address(old_ip) in ipaddress.ip_network(node.subnet), old_ip
     # What ran before the reload runs on, under its old runtime, and still stops.
     assert node.pod_status(sid).state == pb.SANDBOX_READY
     st = node.status(cid)
