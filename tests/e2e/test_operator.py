@@ -3,10 +3,12 @@ and the one info line per state-changing CRI call, in text and JSON log formats.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
@@ -15,7 +17,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pycri.api import api_pb2 as pb
+from pycri.streaming import portforward
 from tests.e2e.conftest import Node
+from tests.streaming import client
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -43,6 +47,15 @@ def _scrape(address: str) -> Samples:
 
 def _get(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+async def _sessions_while_forwarding(url: str, address: str) -> float:
+    """The sessions gauge while a port-forward session is open."""
+    session, _ = await client.upgrade(url, [portforward.PROTOCOL])
+    try:
+        return _get(await asyncio.to_thread(_scrape, address), "pycri_streaming_sessions")
+    finally:
+        await session.close(linger=0)
 
 
 def _listening_ports(pid: int) -> set[int]:
@@ -90,6 +103,12 @@ def test_metrics_move_with_the_cri_calls(node: Node) -> None:
     assert _get(running, "pycri_containers", state="running") == 1
     assert _get(running, "pycri_conmon_processes") == 2  # the infra and the sleeper
     assert _get(running, "pycri_streaming_sessions") == 0
+    url = node.cri.runtime.PortForward(pb.PortForwardRequest(pod_sandbox_id=sid, port=[80])).url
+    assert asyncio.run(_sessions_while_forwarding(url, address)) == 1
+    deadline = time.monotonic() + 10
+    while _get(_scrape(address), "pycri_streaming_sessions") != 0:
+        assert time.monotonic() < deadline, "the closed session is still counted"
+        time.sleep(0.1)
 
     node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1))
     with pytest.raises(grpc.RpcError):
