@@ -22,3 +22,6 @@ cp "$tmp"/runtime/v1/api_pb2.py "$tmp"/runtime/v1/api_pb2.pyi "$tmp"/runtime/v1/
 "$PY" -m grpc_tools.protoc -I proto --python_out="$tmp" --pyi_out="$tmp" proto/nri/api.proto
 mkdir -p "$nri_out"
 cp "$tmp"/nri/api_pb2.py "$tmp"/nri/api_pb2.pyi "$nri_out"/
+# protoc's stub declares NRI's enum value `None` (Field.None) as an attribute, which is
+# not Python syntax and stops mypy reading the stub; it is reachable as Field.Value("None").
+sed -i '/^ *None: /d' "$nri_out"/api_pb2.pyi

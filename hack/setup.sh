@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 APT_PACKAGES=(
     runc crun conmon catatonit containernetworking-plugins iptables iproute2
     libcap-dev gcc python3-venv python3-dev
-    docker-registry skopeo busybox-static apache2-utils
+    docker-registry skopeo busybox-static apache2-utils criu
 )
 
 if [ "$(id -u)" != 0 ]; then

@@ -452,7 +452,9 @@ class Soak:
         net_d.mkdir(parents=True)
         (net_d / "10-chaos.conflist").write_text(conflist(work / "ipam"))
         config = work / "pycri.toml"
-        config.write_text(f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n')
+        config.write_text(f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
+                          f'[nri]\nsocket_path = "{work / "nri.sock"}"\n'
+                          f'plugin_path = "{work / "nri-plugins"}"\n')
         self.proc = PycriProcess(root=work / "root", state=work / "state",
                                  socket=work / "state" / "pycri.sock", config=config,
                                  log=work / "pycri.log")

@@ -6,6 +6,7 @@ and never raises, since the point is to report on a broken host.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -13,7 +14,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri.checkpoint.support import probe_criu, probe_runtime
 from pycri.config import Config
+from pycri.oci import mounts, userns
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
@@ -26,6 +29,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
+    # A feature the node runs without (checkpoint/restore): reported, but not a failure.
+    optional: bool = False
 
 
 def _version(path: str) -> str:
@@ -122,6 +127,19 @@ def _cni(cfg: Config) -> Iterator[Check]:
         )
 
 
+def _package_data(cfg: Config) -> Check:
+    """The files shipped in pycri/data parse: a wheel missing them would fail every pod."""
+    from pycri.network.conf import DEFAULT_TEMPLATE, default_network
+    from pycri.oci.seccomp import DEFAULT_PROFILE_PATH, default_profile
+
+    try:
+        default_profile()
+        default_network(DEFAULT_TEMPLATE, cfg.cni.default_subnet, cfg.cni.default_bridge)
+    except Exception as e:
+        return Check("package data", False, str(e), "reinstall pycri (pip install pycri-*.whl)")
+    return Check("package data", True, f"{DEFAULT_PROFILE_PATH.parent}")
+
+
 def _disk(cfg: Config) -> Check:
     path = Path(cfg.root)
     while not path.exists():
@@ -131,6 +149,43 @@ def _disk(cfg: Config) -> Check:
     if free < MIN_FREE_BYTES:
         return Check("disk", False, detail, f"free space under {cfg.root}")
     return Check("disk", True, detail)
+
+
+def _user_namespaces(cfg: Config) -> Iterator[Check]:
+    """What `Status` advertises as features.user_namespaces, with the reason where not."""
+    area, store = mounts.rootfs_area(cfg.state), Path(cfg.root)
+    if area.is_dir() and store.is_dir():
+        kernel = userns.probe_kernel(store, area)
+    else:
+        kernel = f"not probed: {area} or {store} does not exist yet (start pycri once)"
+    for name, h in sorted(cfg.runtimes.items()):
+        problem = kernel or userns.runtime_problem(_version(h.path))
+        if problem:
+            yield Check(f"user namespaces ({name})", False, problem,
+                        "see README: user namespaces need kernel idmapped mounts under "
+                        "overlayfs, runc >= 1.1 or crun >= 1.8, and a state dir others can "
+                        "search (0711)")
+        else:
+            yield Check(f"user namespaces ({name})", True,
+                        "pods with hostUsers: false can run (idmapped layers and volumes)")
+
+
+def _checkpoint(cfg: Config) -> Iterator[Check]:
+    """CRIU and each handler's checkpoint support: the same probes CheckpointContainer uses."""
+    c = cfg.checkpoint
+    criu = asyncio.run(probe_criu(c))
+    yield Check("checkpoint/restore (CRIU)", criu.problem is None, criu.problem or criu.detail,
+                "" if criu.problem is None else
+                "install a CRIU that supports this kernel (apt-get install criu), or set "
+                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then",
+                optional=True)
+    for name, h in cfg.runtimes.items():
+        if not os.access(h.path, os.X_OK):
+            continue  # reported by its own runtime check
+        rt = asyncio.run(probe_runtime(name, h.path, c.check_timeout))
+        yield Check(f"checkpoint with {name}", rt.problem is None, rt.problem or rt.detail,
+                    "" if rt.problem is None else f"use a {name} built with CRIU support",
+                    optional=True)
 
 
 def run_checks(cfg: Config) -> list[Check]:
@@ -145,7 +200,10 @@ def run_checks(cfg: Config) -> list[Check]:
         _overlay,
         _namespaces,
         lambda: _cni(cfg),
+        lambda: _package_data(cfg),
         lambda: _disk(cfg),
+        lambda: _user_namespaces(cfg),
+        lambda: _checkpoint(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

@@ -95,10 +95,10 @@ def check(config_path: Path | None, **overrides: Any) -> None:
     cfg = _load(config_path, check_binaries=False, **overrides)
     failed = 0
     for result in run_checks(cfg):
-        mark = "ok  " if result.ok else "FAIL"
+        mark = "ok  " if result.ok else "warn" if result.optional else "FAIL"
         click.echo(f"[{mark}] {result.name}: {result.detail}")
         if not result.ok:
-            failed += 1
+            failed += not result.optional
             if result.fix:
                 click.echo(f"       fix: {result.fix}")
     sys.exit(1 if failed else 0)

@@ -42,7 +42,7 @@ class RuntimeHandler:
 class CNIConfig:
     conf_dir: str = "/etc/cni/net.d"
     bin_dirs: list[str] = field(default_factory=lambda: ["/opt/cni/bin", "/usr/lib/cni"])
-    # Use the conflist shipped in cni/ when conf_dir holds none.
+    # Use the conflist shipped in pycri/data/ when conf_dir holds none.
     default_network: bool = True
     default_subnet: str = "10.85.0.0/16"
     default_bridge: str = "pycri0"
@@ -101,6 +101,54 @@ class HelpersConfig:
 
 
 @dataclass
+class CDIConfig:
+    """Where CDI spec files are found (issue 11): later dirs override earlier ones."""
+
+    spec_dirs: list[str] = field(default_factory=lambda: ["/etc/cdi", "/var/run/cdi"])
+    # Bounds on what one resolve reads: bytes per spec file, spec files per dir.
+    max_spec_bytes: int = 1 << 20
+    max_spec_files: int = 256
+
+
+@dataclass
+class ListsConfig:
+    """How the Stream* lists (StreamContainers, StreamImages, ...) chunk their answer:
+    a message holds at most `stream_chunk_items` entries and about `stream_chunk_bytes`
+    serialized, far below the 16 MiB a gRPC client receives by default."""
+
+    stream_chunk_items: int = 1000
+    stream_chunk_bytes: int = 4 << 20
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoint/restore with CRIU (CheckpointContainer, CheckpointPod, RestorePod)."""
+
+    # The criu binary the runtime is told to use; probed once (`criu check`) when first needed.
+    criu: str = "/usr/sbin/criu"
+    # Seconds `criu check` (and each runtime's checkpoint probe) may take.
+    check_timeout: float = 30.0
+
+
+@dataclass
+class NRIConfig:
+    """The Node Resource Interface: plugins that see and adjust every pod and container."""
+
+    enable: bool = True
+    # Where external plugins connect (mode 0600, owned by root).
+    socket_path: str = "/var/run/nri/nri.sock"
+    # Pre-installed plugins pycri starts itself (named IDX-NAME), and their config files.
+    plugin_path: str = "/opt/nri/plugins"
+    plugin_config_path: str = "/etc/nri/conf.d"
+    # Seconds a plugin has to register after connecting, and to answer any one request;
+    # a plugin past either is disconnected and the operation goes on without it.
+    registration_timeout: float = 5.0
+    request_timeout: float = 2.0
+    # Only pre-installed plugins: no socket is listened on.
+    disable_connections: bool = False
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -127,6 +175,10 @@ class Config:
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
     helpers: HelpersConfig = field(default_factory=HelpersConfig)
+    cdi: CDIConfig = field(default_factory=CDIConfig)
+    lists: ListsConfig = field(default_factory=ListsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    nri: NRIConfig = field(default_factory=NRIConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -233,6 +285,24 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
     if cfg.helpers.max_concurrent < 1:
         raise ConfigError("helpers.max_concurrent: must be at least 1")
+    for d in cfg.cdi.spec_dirs:
+        if not os.path.isabs(d):
+            raise ConfigError(f"cdi.spec_dirs: {d!r} is not an absolute path")
+    for key in ("max_spec_bytes", "max_spec_files"):
+        if getattr(cfg.cdi, key) <= 0:
+            raise ConfigError(f"cdi.{key}: must be positive")
+    if not 1 <= cfg.lists.stream_chunk_items <= 10_000:
+        raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
+    if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
+        raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
+    if cfg.checkpoint.check_timeout <= 0:
+        raise ConfigError("checkpoint.check_timeout: must be positive")
+    for key in ("registration_timeout", "request_timeout"):
+        if getattr(cfg.nri, key) <= 0:
+            raise ConfigError(f"nri.{key}: must be positive")
+    for key in ("socket_path", "plugin_path", "plugin_config_path"):
+        if not os.path.isabs(getattr(cfg.nri, key)):
+            raise ConfigError(f"nri.{key}: must be an absolute path")
     if cfg.metrics_address:
         host, sep, port = cfg.metrics_address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -289,11 +359,14 @@ def to_toml(cfg: Config) -> str:
 
 
 __all__ = [
+    "CDIConfig",
     "CNIConfig",
+    "CheckpointConfig",
     "Config",
     "ConfigError",
     "HelpersConfig",
     "ImagesConfig",
+    "NRIConfig",
     "RuntimeHandler",
     "StreamingConfig",
     "load",

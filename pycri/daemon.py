@@ -5,7 +5,10 @@ Lifecycle rules set here for every later component:
 - SIGTERM/SIGINT stop accepting, let in-flight calls finish, exit 0 — and
   leave containers running (their monitors are not our children to kill);
 - the daemon is a child subreaper, so monitors that daemonize are re-parented
-  to it while it runs, and to init after it exits.
+  to it while it runs, and to init after it exits;
+- under systemd it says READY=1 only once the CRI socket answers a Version call,
+  STOPPING=1 at the signal, and serves a socket-activated listener through a relay
+  (pycri/systemd.py, pycri/sockproxy.py).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import fcntl
+import functools
 import logging
 import os
 import signal
@@ -23,6 +27,7 @@ from pathlib import Path
 import grpc
 
 from pycri import malloc, metrics, procs, reload
+from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config, ConfigError
 from pycri.container.manager import ContainerManager
@@ -32,19 +37,27 @@ from pycri.launcher import Launcher
 from pycri.logs import setup_logging
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
+from pycri.nri import adjust
+from pycri.nri.adaptation import Adaptation
+from pycri.oci import mounts, userns
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
+from pycri.sockproxy import SocketProxy
 from pycri.status import NodeStatus
 from pycri.store import Store
 from pycri.store.db import StoreLocked
 from pycri.streaming import RuntimeBackend, StreamingServer
+from pycri.systemd import ActivationError, Notifier, grpc_target, listen_socket
 
 log = logging.getLogger("pycri")
 
 # In-flight RPCs get this long to finish after SIGTERM.
 SHUTDOWN_GRACE = 10.0
 SOCKET_MODE = 0o660
+# How long the READY probe waits for our own socket to answer Version.
+READY_PROBE_TIMEOUT = 10.0
+NRI_SOCKET_MODE = 0o600
 
 
 class DaemonError(Exception):
@@ -97,12 +110,30 @@ class Daemon:
         self.reaper: Reaper | None = None
         self.launcher: Launcher | None = None
         self.cni: CNIManager | None = None
+        self.node: NodeStatus | None = None
+        self.sandboxes: SandboxManager | None = None
         self.streaming: StreamingServer | None = None
+        self.nri: Adaptation | None = None
+        self._nri_socket: Path | None = None
         self._lock_fd: int | None = None
         self._stop_metrics: Callable[[], None] | None = None
+        self.proxy: SocketProxy | None = None
+        # Under socket activation gRPC listens privately and the relay serves the
+        # inherited listener; otherwise gRPC listens on the configured path itself.
+        self._grpc_socket = cfg.socket_path
+        self._target = f"unix:{cfg.socket_path}"
 
     async def start(self) -> None:
         cfg = self.cfg
+        # First, so no helper we spawn inherits LISTEN_FDS or the listener.
+        try:
+            activated = listen_socket()
+        except ActivationError as e:
+            raise DaemonError(str(e)) from None
+        if activated is not None:
+            self._grpc_socket = Path(cfg.state) / "grpc.sock"
+            self._target = grpc_target(activated) or f"unix:{self._grpc_socket}"
+            self.proxy = SocketProxy(activated, self._grpc_socket)
         self._lock_fd = _lock_state_dir(Path(cfg.state))
         malloc.tune()
         root = Path(cfg.root)
@@ -123,17 +154,31 @@ class Daemon:
         self.cni = cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
         bus = EventBus()
-        sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus)
+        self.nri = nri = Adaptation(cfg.nri)
+        sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus, nri)
         containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
         sandboxes.containers = containers
+        nri.apply_updates = functools.partial(adjust.apply_updates, containers)
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
         # Watch first, so exits during recovery arrive; exits of records not loaded yet
         # are picked up by recover() from the exit files themselves.
         launcher.watch()
-        await sandboxes.recover()
-        await containers.recover()
-        node = NodeStatus(cfg, store, cni.status)
+        # What user-namespaced pods can run with is probed while recovery runs (~0.1 s).
+        probe = asyncio.ensure_future(self._probe_userns())
+        try:
+            await sandboxes.recover()
+            await containers.recover()
+        finally:
+            support = await probe
+        sandboxes.userns_support = support
+        if support.kernel_problem:
+            log.info("pods with their own user namespace cannot run here: %s",
+                     support.kernel_problem)
+        if cfg.nri.enable:
+            await self._start_nri(nri, sandboxes, containers, launcher)
+        self.node = node = NodeStatus(cfg, store, cni.status, support)
+        self.sandboxes = sandboxes
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
@@ -151,7 +196,7 @@ class Daemon:
             except OSError as e:
                 raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
             log.info("metrics on http://%s/metrics", cfg.metrics_address)
-        sock = cfg.socket_path
+        sock = self._grpc_socket
         _claim_socket(sock)
         server = grpc.aio.server(
             options=[
@@ -162,20 +207,80 @@ class Daemon:
         pb_grpc.add_RuntimeServiceServicer_to_server(
             RuntimeServicer(node, sandboxes, containers, streaming), server
         )
-        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images), server)
+        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, cfg.lists), server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()
-        os.chmod(sock, SOCKET_MODE)
         self.server = server
-        log.info("pycri serving on unix://%s (root %s, state %s)", sock, cfg.root, cfg.state)
+        if activated is None:
+            os.chmod(sock, SOCKET_MODE)
+        else:
+            os.chmod(sock, 0o600)  # the relay is its only client
+            assert self.proxy is not None
+            await self.proxy.start()
+            log.info("socket-activated listener %s relayed to %s", self._target, sock)
+        log.info("pycri serving on %s (root %s, state %s)", self._target, cfg.root, cfg.state)
+
+    async def wait_answering(self) -> None:
+        """Return once the CRI socket answers Version: what READY=1 promises."""
+        async with grpc.aio.insecure_channel(self._target) as channel:
+            try:
+                await pb_grpc.RuntimeServiceStub(channel).Version(
+                    pb.VersionRequest(), timeout=READY_PROBE_TIMEOUT, wait_for_ready=True
+                )
+            except grpc.aio.AioRpcError as e:
+                raise DaemonError(
+                    f"{self._target} does not answer Version: {e.code().name} {e.details()}"
+                ) from None
+
+    async def _start_nri(self, nri: Adaptation, sandboxes: SandboxManager,
+                         containers: ContainerManager, launcher: Launcher) -> None:
+        """Plugins must be told of what recovery found: the specs are read off the loop."""
+        found = list(containers.containers.values())
+        specs = await asyncio.to_thread(lambda: [launcher.spec(c.id) or {} for c in found])
+        nri.load(sandboxes.sandboxes.values(), zip(found, specs, strict=True))
+        await nri.launch()
+        if self.cfg.nri.disable_connections:
+            return
+        path = Path(self.cfg.nri.socket_path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _claim_socket(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.bind(str(path))
+                os.chmod(path, NRI_SOCKET_MODE)
+                sock.listen(64)
+            except OSError:
+                sock.close()
+                raise
+        except (DaemonError, OSError) as e:
+            # Another runtime's NRI (or a second pycri) holds it: pods still run.
+            log.error("NRI: not listening on nri.socket_path %s, plugins cannot connect: %s",
+                      path, e)
+            return
+        self._nri_socket = path
+        nri.listen(sock)
+        log.info("NRI: plugins connect on %s", path)
 
     async def stop(self) -> None:
+        if self.proxy is not None:
+            self.proxy.stop_accepting()
         if self.server is not None:
             await self.server.stop(SHUTDOWN_GRACE)
             self.server = None
-            # Only a socket we served is ours to remove; a refused start leaves it alone.
-            self.cfg.socket_path.unlink(missing_ok=True)
+            # Only a socket we served is ours to remove; a refused start leaves it alone
+            # (and an activated listener is systemd's, never unlinked).
+            self._grpc_socket.unlink(missing_ok=True)
+        if self.proxy is not None:
+            await self.proxy.close()
+            self.proxy = None
+        if self.nri is not None:
+            await self.nri.close()
+            self.nri = None
+        if self._nri_socket is not None:
+            self._nri_socket.unlink(missing_ok=True)
+            self._nri_socket = None
         if self._stop_metrics is not None:
             await asyncio.to_thread(self._stop_metrics)  # waits for its serving thread
             self._stop_metrics = None
@@ -223,6 +328,8 @@ class Daemon:
             cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
             if self.launcher is not None:
                 self.launcher.set_runtimes()
+            if any(k == "default_runtime" or k.startswith("runtimes.") for k in changed):
+                await self._reprobe_userns()
             # Read by the next pull (ImageManager shares this ImagesConfig).
             cfg.images.registries_conf = new.images.registries_conf
             cfg.images.registries_conf_dir = new.images.registries_conf_dir
@@ -234,6 +341,20 @@ class Daemon:
             if self.cni is not None:
                 self.cni.reconfigure(cfg.cni)
             log.info("config reloaded: %s", ", ".join(changed) or "nothing changed")
+
+    async def _probe_userns(self) -> userns.Support:
+        cfg = self.cfg
+        return await userns.probe(
+            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime,
+            Path(cfg.root), mounts.open_rootfs_area(cfg.state))
+
+    async def _reprobe_userns(self) -> None:
+        """What the reloaded handlers support (Status, and the pods run from now on)."""
+        support = await self._probe_userns()
+        if self.sandboxes is not None:
+            self.sandboxes.userns_support = support
+        if self.node is not None:
+            self.node.set_userns(support)
 
     async def _move_metrics(self, address: str) -> None:
         """Serve metrics on `address` (empty: nowhere); the old endpoint closes only once
@@ -263,10 +384,16 @@ class Daemon:
             task.add_done_callback(reloads.discard)
 
         loop.add_signal_handler(signal.SIGHUP, hup)
+        notifier = Notifier()
         try:
             await self.start()
+            await self.wait_answering()
+            notifier.notify(f"READY=1\nMAINPID={os.getpid()}\nSTATUS=serving on {self._target}")
+            notifier.start_watchdog()
             await stop.wait()
             log.info("signal received; finishing in-flight calls")
+            notifier.stopping()
         finally:
             await self.stop()
+            notifier.close()
         log.info("pycri stopped")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pycri import __version__
 from pycri.config import Config
 from pycri.oci.mounts import recursive_readonly_supported
+from pycri.oci.userns import Support
 from pycri.store import Store
 
 RUNTIME_NAME = "pycri"
@@ -38,12 +39,25 @@ NetworkProbe = Callable[[], tuple[bool, str, str]]
 class NodeStatus:
     """Answers Version, Status, RuntimeConfig and keeps UpdateRuntimeConfig's pod CIDR."""
 
-    def __init__(self, cfg: Config, store: Store, network: NetworkProbe) -> None:
+    def __init__(
+        self, cfg: Config, store: Store, network: NetworkProbe,
+        userns: Support | None = None,
+    ) -> None:
         self.cfg = cfg
         self.store = store
         self.network = network
         # pycri stages recursively read-only mounts itself; it needs mount_setattr(2).
         self.recursive_read_only = recursive_readonly_supported()
+        self.user_namespaces: dict[str, bool] = {}
+        self.set_userns(userns)
+
+    def set_userns(self, userns: Support | None) -> None:
+        """By handler, can pods run in their own user namespace? Probed at start and
+        again when a reload changes the handlers (pycri.oci.userns.probe)."""
+        self.user_namespaces = {
+            name: userns is not None and userns.problem(name) is None
+            for name in self.handlers()
+        }
 
     @property
     def pod_cidr(self) -> str:

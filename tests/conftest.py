@@ -43,6 +43,9 @@ class PycriProcess:
     config: Path
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    # Extra environment (None: inherit ours) and fds to hand over (socket activation).
+    env: dict[str, str] | None = None
+    pass_fds: tuple[int, ...] = ()
 
     def argv(self) -> list[str]:
         return [
@@ -64,7 +67,10 @@ class PycriProcess:
 
     def start(self) -> None:
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                pass_fds=self.pass_fds,
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -118,7 +124,10 @@ def pycri_dirs(tmp_path: Path) -> PycriProcess:
         tmp_path / "pycri.toml",
         f'[cni]\nconf_dir = "{cni_dir}"\n'
         f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
-        f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n',
+        f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
+        f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
+        f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
+        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n',
     )
     return PycriProcess(
         root=root,

@@ -75,6 +75,8 @@ def test_validation_names_the_key(change: dict[str, str], message: str) -> None:
         ("[streaming]\nheader_timeout = -1\n", "streaming.header_timeout: must be positive"),
         ("[streaming]\nmax_pending = 600\n", "streaming.max_pending: must not exceed"),
         ("[streaming]\nmax_fds = 'many'\n", "streaming.max_fds: expected int"),
+        ("[lists]\nstream_chunk_items = 0\n", "lists.stream_chunk_items: must be within"),
+        ("[lists]\nstream_chunk_bytes = 33554432\n", "lists.stream_chunk_bytes: must be within"),
     ],
 )
 def test_streaming_bounds_are_checked(tmp_path: Path, text: str, message: str) -> None:
@@ -90,6 +92,11 @@ def test_streaming_bounds_are_checked(tmp_path: Path, text: str, message: str) -
         ("[runtimes.runc]\npath = '/usr/sbin/runc'\ntimeout = 0\n",
          r"runtimes\.runc\.timeout: must be positive"),
         ("[cni]\nplugin_timeout = -1\n", r"cni\.plugin_timeout: must be positive"),
+        ("[nri]\nrequest_timeout = 0\n", r"nri\.request_timeout: must be positive"),
+        ("[nri]\nregistration_timeout = -5\n", r"nri\.registration_timeout: must be positive"),
+        ("[nri]\nsocket_path = 'nri.sock'\n", r"nri\.socket_path: must be an absolute path"),
+        ("[nri]\nenable = 'yes'\n", r"nri\.enable: expected bool"),
+        ("[nri]\nsocket = '/x'\n", r"nri\.socket: unknown key"),
     ],
 )
 def test_helper_deadlines_must_be_positive(tmp_path: Path, text: str, message: str) -> None:

@@ -39,3 +39,21 @@ def test_remove_only_the_pods_own(tmp_path: Path) -> None:
     podcgroup.remove(podcgroup.path_for("s1"), "s1", root=tmp_path)
     assert list(tmp_path.glob("*/pycri/pod-s1")) == []
     podcgroup.remove(podcgroup.path_for("s1"), "s1", root=tmp_path)  # gone is fine
+
+
+def test_update_writes_new_limits_and_resets_the_unset(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    podcgroup.create(podcgroup.path_for("s1"), LIMITS, root=tmp_path)
+    podcgroup.update(podcgroup.path_for("s1"), {"cpu": {"shares": 2}}, root=tmp_path)
+    pod = tmp_path / "pycri" / "pod-s1"
+    assert (pod / "cpu.weight").read_text() == "1"
+    assert (pod / "cpu.max").read_text() == "max"
+    assert (pod / "memory.max").read_text() == "max"
+
+
+def test_update_v1_touches_only_existing_controllers(tmp_path: Path) -> None:
+    podcgroup.create(podcgroup.path_for("s1"), {"memory": {"limit": 1 << 30}}, root=tmp_path)
+    podcgroup.update(podcgroup.path_for("s1"), {"cpu": {"quota": 5000, "period": 10000},
+                                                "memory": {"limit": 1 << 29}}, root=tmp_path)
+    assert (tmp_path / "memory/pycri/pod-s1/memory.limit_in_bytes").read_text() == str(1 << 29)
+    assert not (tmp_path / "cpu").exists()

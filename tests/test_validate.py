@@ -246,6 +246,29 @@ BAD: list[tuple[str, object, str]] = [
         overhead=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
             page_size="2MB", limit=1)]))),
      "config.linux.overhead.hugepage_limits: a pod-level limit can only be one of"),
+    ("CDI device without a kind", ctr(CDI_devices=[pb.CDIDevice(name="gpu0")]),
+     "config.CDI_devices[0].name: CDI device 'gpu0' is not vendor.com/class=name"),
+    ("CDI device with a bad vendor", ctr(CDI_devices=[pb.CDIDevice(name="-v.com/gpu=0")]),
+     "invalid vendor '-v.com'"),
+    ("CDI device with a bad name", ctr(CDI_devices=[pb.CDIDevice(name="v.com/gpu=a/b")]),
+     "device name 'a/b' must start and end"),
+    ("CDI annotation with a bad device",
+     ctr(annotations={"cdi.k8s.io/plugin_dev": "v.com/gpu=0,gpu1"}),
+     "config.annotations['cdi.k8s.io/plugin_dev']: CDI device 'gpu1' is not"),
+    ("CDI annotation empty", ctr(annotations={"cdi.k8s.io/x": ""}),
+     "CDI device '' is not vendor.com/class=name"),
+    # pod resize (issue 11): what RunPodSandbox takes, and a pod to resize
+    ("resize of no pod", pb.UpdatePodSandboxResourcesRequest(
+        resources=pb.LinuxContainerResources(cpu_shares=2)), "pod_sandbox_id: must be set"),
+    ("resize below the memory floor", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20)),
+     "resources.memory_limit_in_bytes: 1048576 is outside"),
+    ("resize with negative overhead", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-1)),
+     "overhead.memory_limit_in_bytes: -1 is outside"),
+    ("resize of a pod's cpuset", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(cpuset_mems="0")),
+     "resources.cpuset_mems: a pod-level limit can only be one of"),
 ]
 
 
@@ -335,6 +358,15 @@ GOOD: list[tuple[str, object]] = [
                                             memory_limit_in_bytes=5 << 20),
         resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=-1, cpu_shares=2,
                                              memory_limit_in_bytes=64 << 20)))),
+    ("CDI devices, by field and by annotation", ctr(
+        CDI_devices=[pb.CDIDevice(name="nvidia.com/gpu=0"), pb.CDIDevice(name="v.io/c.x=a:b")],
+        annotations={"cdi.k8s.io/vendor.gpu_0": "nvidia.com/gpu=1,nvidia.com/gpu=all",
+                     "other.io/cdi": "not a device"})),
+    ("kubelet pod resize", pb.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="ab12",
+        overhead=pb.LinuxContainerResources(cpu_quota=1000, memory_limit_in_bytes=5 << 20),
+        resources=pb.LinuxContainerResources(cpu_period=100000, cpu_quota=200000,
+                                             cpu_shares=204, memory_limit_in_bytes=128 << 20))),
     ("critest unsafe sysctl", run(linux=pb.LinuxPodSandboxConfig(
         sysctls={"fs.mqueue.msg_max": "100", "kernel.msg_max": "8192", "kernel.sem": "1 2 3 4"}))),
 ]
@@ -413,3 +445,84 @@ def test_every_request_type_is_accepted_or_refused_with_invalid_argument() -> No
                 assert ": " in str(e)  # names the field
                 refused += 1
     assert refused > 0 and accepted > 0
+
+
+# -- user namespaces (NamespaceOption.userns_options) ------------------------------------
+
+
+def _userns(mode: int = pb.POD, uids: list[pb.IDMapping] | None = None,
+            gids: list[pb.IDMapping] | None = None, **ns: int) -> pb.NamespaceOption:
+    m = [pb.IDMapping(host_id=65536, length=65536)]
+    return pb.NamespaceOption(userns_options=pb.UserNamespace(
+        mode=mode, uids=m if uids is None else uids, gids=m if gids is None else gids), **ns)
+
+
+def _userns_pod(ns: pb.NamespaceOption, privileged: bool = False) -> pb.RunPodSandboxRequest:
+    return run(linux=pb.LinuxPodSandboxConfig(security_context=pb.LinuxSandboxSecurityContext(
+        namespace_options=ns, privileged=privileged)))
+
+
+USERNS = "config.linux.security_context.namespace_options.userns_options."
+USERNS_BAD = [
+    ("container mode", _userns_pod(_userns(pb.CONTAINER, [], [])), USERNS + "mode: a user "
+     "namespace per container (CONTAINER, TARGET) is not supported"),
+    ("target mode", _userns_pod(_userns(pb.TARGET, [], [])), USERNS + "mode: a user namespace"),
+    ("POD without mappings", _userns_pod(_userns(uids=[], gids=[])),
+     USERNS + "mode POD needs exactly one uid and one gid mapping (got 0 and 0)"),
+    ("two mappings", _userns_pod(_userns(uids=[pb.IDMapping(host_id=1000, length=10)] * 2)),
+     "exactly one uid and one gid mapping (got 2 and 1)"),
+    ("container ID 0 not mapped", _userns_pod(_userns(
+        uids=[pb.IDMapping(container_id=1, host_id=1000, length=10)])),
+     USERNS + "mode POD needs container ID 0 mapped"),
+    ("different shapes", _userns_pod(_userns(gids=[pb.IDMapping(host_id=65536, length=1000)])),
+     USERNS + "uid and gid mappings must have the same shape (lengths 65536 and 1000)"),
+    ("host root mapped", _userns_pod(_userns(uids=[pb.IDMapping(host_id=0, length=65536)],
+                                             gids=[pb.IDMapping(host_id=0, length=65536)])),
+     USERNS + "uids[0].host_id: 0 would map the host's root into the pod"),
+    ("empty mapping", _userns_pod(_userns(uids=[pb.IDMapping(host_id=9, length=0)],
+                                          gids=[pb.IDMapping(host_id=9, length=0)])),
+     USERNS + "uids[0].length: must be at least 1"),
+    ("mapping past 2^32", _userns_pod(_userns(
+        uids=[pb.IDMapping(host_id=2**32 - 10, length=65536)],
+        gids=[pb.IDMapping(host_id=2**32 - 10, length=65536)])), "maps IDs past 4294967294"),
+    ("NODE with mappings", _userns_pod(_userns(pb.NODE)), USERNS + "uids: mappings need mode POD"),
+    ("privileged", _userns_pod(_userns(), privileged=True),
+     "config.linux.security_context.privileged: not allowed with a user namespace"),
+    ("host network", _userns_pod(_userns(network=pb.NODE)),
+     "namespace_options.network: a pod with its own user namespace cannot use the host's"),
+    ("host PID", _userns_pod(_userns(pid=pb.NODE)), "namespace_options.pid: a pod with its own"),
+    ("host IPC", _userns_pod(_userns(ipc=pb.NODE)), "namespace_options.ipc: a pod with its own"),
+    ("privileged container", ctr(linux=pb.LinuxContainerConfig(
+        security_context=pb.LinuxContainerSecurityContext(privileged=True,
+                                                          namespace_options=_userns()))),
+     "config.linux.security_context.privileged: not allowed with a user namespace"),
+    ("mount with uid mappings only", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/h", uidMappings=[pb.IDMapping(host_id=1, length=1)])]),
+     "config.mounts[0].uidMappings: an idmapped mount needs both"),
+    ("mount mapping host root", ctr(mounts=[pb.Mount(
+        container_path="/m", host_path="/h", uidMappings=[pb.IDMapping(host_id=0, length=9)],
+        gidMappings=[pb.IDMapping(host_id=0, length=9)])]),
+     "config.mounts[0].uidMappings[0].host_id: 0 would map the host's root"),
+]
+
+
+@pytest.mark.parametrize(("request_", "message"), [(r, m) for _, r, m in USERNS_BAD],
+                         ids=[n for n, _, _ in USERNS_BAD])
+def test_user_namespace_refusals_name_the_problem(request_: object, message: str) -> None:
+    with pytest.raises(InvalidArgument) as e:
+        check_request(request_)  # type: ignore[arg-type]
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize("request_", [
+    _userns_pod(_userns()),  # as the kubelet sends hostUsers: false
+    _userns_pod(_userns(uids=[pb.IDMapping(host_id=1000, length=100000)],  # critest's
+                        gids=[pb.IDMapping(host_id=1000, length=100000)])),
+    _userns_pod(_userns(pb.NODE, [], [])),
+    _userns_pod(pb.NamespaceOption()),
+    ctr(mounts=[pb.Mount(container_path="/m", host_path="/h",
+                         uidMappings=[pb.IDMapping(host_id=65536, length=65536)],
+                         gidMappings=[pb.IDMapping(host_id=65536, length=65536)])]),
+], ids=["kubelet", "critest", "node", "unset", "idmapped mount"])
+def test_user_namespace_requests_accepted(request_: object) -> None:
+    check_request(request_)  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import posixpath
 import signal
 import time
@@ -27,6 +28,10 @@ from google.protobuf import json_format
 
 from pycri import events
 from pycri.api import api_pb2 as pb
+from pycri.cdi import names as cdi_names
+from pycri.cdi import registry as cdi
+from pycri.cdi.schema import ContainerEdits
+from pycri.checkpoint.support import NOT_BUILT, CheckpointSupport, is_checkpoint_archive
 from pycri.config import Config
 from pycri.container.model import KIND, Container
 from pycri.errors import (
@@ -34,15 +39,19 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
+    Unimplemented,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
-from pycri.image.snapshots import resolve_within
+from pycri.image.snapshots import Idmap, resolve_within
 from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
-from pycri.oci import mounts, seccomp, selinux, spec
+from pycri.nri import adjust, convert
+from pycri.nri.adaptation import Adaptation
+from pycri.nri.api import api_pb2 as nri_api
+from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.sandbox.manager import SandboxManager, step
@@ -146,14 +155,19 @@ class ContainerManager:
         self.launcher = launcher
         self.sandboxes = sandboxes
         self.images = images
+        self.nri: Adaptation = sandboxes.nri
         self.containers: dict[str, Container] = {}
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
-        self.rro_root = Path(cfg.state) / "rro"
+        self.rro_root = mounts.staging_area(cfg.state)
         self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
+        self.cdi = cdi.Registry(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
+                                cfg.cdi.max_spec_files)
+        self.checkpoint_support = CheckpointSupport(cfg)
+        self._nri_stops: dict[str, asyncio.Task[None]] = {}  # NRI StopContainer in flight
 
     # -- lookup ------------------------------------------------------------------
 
@@ -207,7 +221,11 @@ class ContainerManager:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
+        if is_checkpoint_archive(config.image.image):
+            await self.checkpoint_support.require(sb.handler)
+            raise Unimplemented(NOT_BUILT)
         config = _with_pod_namespaces(config, sb.config)
+        _check_mount_maps(config, sb.config)
         image = self.images.status(config.image.image)
         if image is None:
             raise NotFound(f"image {config.image.image!r} not found; pull it first")
@@ -231,7 +249,7 @@ class ContainerManager:
             async with self.lock(cid), AsyncExitStack() as undo:
                 self._save(c)
                 undo.callback(self._forget, c)
-                await self._build(c, sb, image.config, undo)
+                doc = await self._build(c, sb, image.config, undo)
                 c.state = pb.CONTAINER_CREATED
                 self._save(c)
                 undo.pop_all()
@@ -239,6 +257,7 @@ class ContainerManager:
             self.names.release(key, cid)
             self._locks.pop(cid, None)
             raise
+        await self.nri.post_create_container(c, doc)
         self._publish(c, events.CREATED)
         log.info("container %s (%s) created in pod %s", cid, config.metadata.name, sb.id)
         return cid
@@ -252,12 +271,16 @@ class ContainerManager:
                            "found; pull it first")
         return image.id
 
-    async def _mount_image_volumes(self, c: Container, undo: AsyncExitStack) -> dict[str, str]:
-        """Read-only views of the image volumes, by their spec.image_volume_key."""
+    async def _mount_image_volumes(
+        self, c: Container, idmap: Idmap | None, undo: AsyncExitStack
+    ) -> dict[str, str]:
+        """Read-only views of the image volumes, by their spec.image_volume_key (idmapped
+        like the rootfs when the mount has the pod's mappings)."""
         sources: dict[str, str] = {}
         for i, key in c.image_volumes():
             m = c.config.mounts[i]
-            view = await self.images.prepare_view(key, c.mount_image_ids[i])
+            view = await self.images.prepare_view(
+                key, c.mount_image_ids[i], idmap if spec.is_idmapped(m) else None)
             undo.push_async_callback(self.images.remove_view, key)
             source = resolve_within(view, m.image_sub_path) if m.image_sub_path else view
             sources[spec.image_volume_key(i)] = str(source)
@@ -266,28 +289,40 @@ class ContainerManager:
     def rro_dir(self, cid: str) -> Path:
         return self.rro_root / cid
 
-    def _stage_recursive_readonly(self, c: Container) -> dict[str, str]:
-        """Host-side read-only copies of the recursively read-only mounts, by spec.rro_key;
-        they live only until the runtime has bound them into the container. Runs in a
-        worker thread: stat and mount of a host path can block (a hung NFS server)."""
+    def _stage_mounts(self, c: Container, idmap: Idmap | None) -> dict[str, str]:
+        """Host-side copies of the recursively read-only mounts (by spec.rro_key) and of the
+        idmapped ones (by spec.idmap_key, read-only too if asked); they live only until
+        the runtime has bound them into the container. Runs in a worker thread: stat and
+        mount of a host path can block (a hung NFS server)."""
         sources: dict[str, str] = {}
-        for i, m in enumerate(c.config.mounts):
-            if not m.recursive_read_only or m.image.image:
-                continue
-            spec.check_recursive_read_only(m)
-            host = mounts.validate_host_path(m.host_path)
-            target = self.rro_dir(c.id) / str(i)
-            mounts.stage_recursive_readonly(host.path, target, m.mount_options)
-            sources[spec.rro_key(i)] = str(target)
+        userns_fd = userns.open_userns(idmap.userns) if idmap else -1
+        try:
+            for i, m in enumerate(c.config.mounts):
+                idmapped = spec.is_idmapped(m)
+                if not (m.recursive_read_only or idmapped) or m.image.image:
+                    continue
+                if m.recursive_read_only:
+                    spec.check_recursive_read_only(m)
+                host = mounts.validate_host_path(m.host_path)
+                target = self.rro_dir(c.id) / str(i)
+                if idmapped:  # _check_mount_maps made sure the pod has a user namespace
+                    mounts.stage_idmapped(host.path, target, userns_fd, m.recursive_read_only)
+                    sources[spec.idmap_key(i)] = str(target)
+                else:
+                    mounts.stage_recursive_readonly(host.path, target, m.mount_options)
+                    sources[spec.rro_key(i)] = str(target)
+        finally:
+            if userns_fd >= 0:
+                os.close(userns_fd)
         return sources
 
-    def _unstage_recursive_readonly(self, c: Container) -> None:
+    def _unstage(self, c: Container) -> None:
         mounts.unstage_all(self.rro_dir(c.id))
 
     def _sweep_staging(self) -> None:
         """At start no create is in flight: every staged copy is a crash's leftover."""
         for staging in self.rro_root.iterdir() if self.rro_root.is_dir() else ():
-            log.info("removing recursive read-only copies left by a crash in %s", staging)
+            log.info("removing staged mounts left by a crash in %s", staging)
             mounts.unstage_all(staging)
 
     async def _remove_image_volumes(self, c: Container) -> None:
@@ -301,16 +336,30 @@ class ContainerManager:
 
     async def _build(
         self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack
-    ) -> None:
+    ) -> dict[str, Any]:
+        """Everything up to the created process; returns the spec it was created with."""
         config = c.config
+        async with step("resolving CDI devices"):
+            # Spec files are stat'ed (and read when changed): off the loop, before
+            # anything is made, so an unknown device leaves nothing behind.
+            wanted = [d.name for d in config.CDI_devices]
+            wanted += cdi_names.annotation_devices(dict(config.annotations))
+            cdi_edits = await asyncio.to_thread(self.cdi.resolve, wanted) if wanted else []
+        idmap = self.sandboxes.idmap(sb)
         async with step("preparing the rootfs"):
-            rootfs = await self.images.prepare_rootfs(c.id, c.image_id)
+            rootfs = await self.images.prepare_rootfs(c.id, c.image_id, idmap)
             undo.push_async_callback(self.images.remove_rootfs, c.id)
         async with step("mounting image volumes"):
-            volumes = await self._mount_image_volumes(c, undo)
-        async with step("staging recursive read-only mounts"):
-            undo.callback(self._unstage_recursive_readonly, c)
-            volumes |= await asyncio.to_thread(self._stage_recursive_readonly, c)
+            volumes = await self._mount_image_volumes(c, idmap, undo)
+        async with step("staging recursive read-only and idmapped mounts"):
+            undo.callback(self._unstage, c)
+            volumes |= await asyncio.to_thread(self._stage_mounts, c, idmap)
+            runtime_rootfs = rootfs
+            if idmap is not None:
+                staging = mounts.rootfs_staging(self.cfg.state, c.id)
+                undo.callback(mounts.unstage_all, staging)
+                runtime_rootfs = await asyncio.to_thread(
+                    mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
         async with step("generating the OCI spec"):
             image = spec.ImageConfig.from_oci(image_config)
             # The pod spec's stop signal (ContainerConfig.stop_signal) over the image's.
@@ -320,9 +369,19 @@ class ContainerManager:
             c.uid, c.gid, c.groups = user.uid, user.gid, list(user.additional_gids)
             # Host paths, mountinfo, /dev and the pod's files are read: off the loop.
             doc = await asyncio.to_thread(
-                self._spec, c, sb, image, rootfs, volumes, user, profile, self._pid_ns(c, sb)
+                self._spec, c, sb, image, runtime_rootfs, volumes, user, profile,
+                self._pid_ns(c, sb), cdi_edits,
             )
-            c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        async with step("NRI CreateContainer"):
+            undo.push_async_callback(self.nri.undo_create_container, c)
+            adjustment = await self.nri.create_container(c, doc)
+            if adjustment is not None:
+                # CDI devices a plugin names resolve like the request's own (files read:
+                # off the loop).
+                doc = await asyncio.to_thread(
+                    adjust.apply_adjustment, doc, adjustment, cdi=self.cdi.inject)
+        c.cgroups_path = doc["linux"].get("cgroupsPath", "")
+        # After the plugins: the mounts they add are pinned like any other.
         async with step("checking the image's rootfs"):
             await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
         log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
@@ -339,9 +398,10 @@ class ContainerManager:
             )
             undo.push_async_callback(self.launcher.delete, c.id, c.handler)
             c.pid, c.conmon_pid = created.pid, created.conmon_pid
-        # The container's mount namespace holds its own read-only copies now; the host's
-        # staged copies would only keep the source's mount points busy (EBUSY on rmdir).
-        self._unstage_recursive_readonly(c)
+        # The container's mount namespace holds its own copies now; the host's staged
+        # copies would only keep the source's mount points busy (EBUSY on rmdir).
+        await asyncio.to_thread(self._unstage, c)
+        return doc
 
     @staticmethod
     def _read_identity(
@@ -376,6 +436,7 @@ class ContainerManager:
         user: ResolvedUser,
         profile: dict[str, Any] | None,
         pid_ns: str | None,
+        cdi_edits: builtins.list[ContainerEdits],
     ) -> dict[str, Any]:
         """The container's OCI spec; runs in a worker thread and only reads the records."""
         config = c.config
@@ -414,6 +475,8 @@ class ContainerManager:
             host_devices=mounts.host_devices() if sc.privileged else (),
             mount_sources=sources,
             selinux_enabled=self.sandboxes.selinux,
+            userns=self.sandboxes.userns(sb),
+            cdi_edits=cdi_edits,
         )
         if not self.sandboxes.selinux:
             selinux.ignored(f"container {c.id}", selinux.container_fields(config))
@@ -440,6 +503,7 @@ class ContainerManager:
             if c.state != pb.CONTAINER_CREATED:
                 state = pb.ContainerState.Name(c.state)
                 raise FailedPrecondition(f"container {c.id} is {state}, not CREATED")
+            await self.nri.start_container(c)
             # Set before the start, so an exit reported while it runs is never earlier.
             c.started_at = time.time_ns()
             self._starting.add(c.id)
@@ -461,8 +525,10 @@ class ContainerManager:
                 c.state = pb.CONTAINER_RUNNING
             self._save(c)
             self._publish(c, events.STARTED)
+            await self.nri.post_start_container(c)
             if c.state == pb.CONTAINER_EXITED:  # it exited while being started
                 self._publish(c, events.STOPPED)
+                self._nri_stop(c)
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
@@ -471,8 +537,11 @@ class ContainerManager:
                 await self._stop_locked(c, timeout)
 
     async def _stop_locked(self, c: Container, timeout: int) -> None:
-        if c.state not in RUNNING_STATES:
-            return
+        if c.state in RUNNING_STATES:
+            await self._kill(c, timeout)
+        await self._nri_stopped(c)
+
+    async def _kill(self, c: Container, timeout: int) -> None:
         if timeout > 0 and c.state == pb.CONTAINER_RUNNING:
             await self.launcher.kill(c.id, c.handler, parse_signal(c.stop_signal))
             if await self.launcher.wait_exit(c.id, timeout):
@@ -498,13 +567,16 @@ class ContainerManager:
         ):
             await self.launcher.kill(c.id, c.handler, signal.SIGKILL)
             await self.launcher.wait_exit(c.id, KILL_WAIT)
+        await self._nri_stopped(c)
         await self.launcher.delete(c.id, c.handler)
+        await asyncio.to_thread(mounts.unstage_all, mounts.rootfs_staging(self.cfg.state, c.id))
         await self.images.remove_rootfs(c.id)
         await self._remove_image_volumes(c)
-        self._unstage_recursive_readonly(c)  # left only by a crash during create
+        self._unstage(c)  # left only by a crash during create
         if not c.log_path:
             (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
         self._cpu_samples.pop(c.id, None)
+        await self.nri.remove_container(c)
         self._forget(c)
         self._publish(c, events.DELETED)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
@@ -537,6 +609,21 @@ class ContainerManager:
         self._kill_leftovers(c)
         if oid not in self._starting:  # start() reports it after STARTED
             self._publish(c, events.STOPPED)
+            self._nri_stop(c)
+
+    def _nri_stop(self, c: Container) -> None:
+        """NRI plugins hear of every exit, stopped or by itself. Stop and remove wait
+        for it, so StopContainer reaches them before whatever the caller does next."""
+        if self.nri.wants(nri_api.STOP_CONTAINER):
+            self._nri_stops[c.id] = asyncio.ensure_future(self.nri.stop_container(c))
+
+    async def _nri_stopped(self, c: Container) -> None:
+        task = self._nri_stops.pop(c.id, None)
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except Exception as e:  # already logged by the adaptation where it matters
+                log.warning("NRI StopContainer of %s: %s", c.id, e)
 
     def _kill_leftovers(self, c: Container) -> None:
         """The container is EXITED: nothing may run on in its cgroup (what it left in a
@@ -589,9 +676,13 @@ class ContainerManager:
                 raise NotFound(f"container {cid!r} not found")
             if c.state not in RUNNING_STATES:
                 raise FailedPrecondition(f"container {c.id} is not running")
+            own = await self.nri.update_container(c, convert.cri_resources(resources))
+            if own is not None:  # what the plugins changed in it
+                resources = adjust.to_cri_resources(resources, own)
             await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))
             c.resources = json.loads(_to_json(resources))
             self._save(c)
+            await self.nri.post_update_container(c)
 
     async def reopen_log(self, cid: str) -> None:
         c = self.get(cid)
@@ -775,7 +866,28 @@ def _with_pod_namespaces(
     ns = out.linux.security_context.namespace_options
     pod_ns = pod.linux.security_context.namespace_options
     ns.network, ns.ipc = pod_ns.network, pod_ns.ipc
+    if pod_ns.HasField("userns_options"):  # and every container shares the pod's user ns
+        ns.userns_options.CopyFrom(pod_ns.userns_options)
+    else:
+        ns.ClearField("userns_options")
     return out
+
+
+def _check_mount_maps(config: pb.ContainerConfig, pod: pb.PodSandboxConfig) -> None:
+    """An idmapped mount is made with the pod's user namespace, so its mappings must be
+    the pod's (the kubelet sends them so); the request gate checked their syntax."""
+    maps = spec.pod_id_maps(pod)
+    for m in config.mounts:
+        if not spec.is_idmapped(m):
+            continue
+        if maps is None:
+            raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings need a pod with "
+                                  "its own user namespace")
+        got = (tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.uidMappings),
+               tuple(spec.IDMap(x.container_id, x.host_id, x.length) for x in m.gidMappings))
+        if got != maps:
+            raise InvalidArgument(f"mount {m.container_path}: uid/gid mappings must be the "
+                                  "pod's user namespace mappings")
 
 
 def _to_json(msg: Any) -> str:

@@ -44,7 +44,7 @@ from pycri.image.registry import (
     ManifestNotFound,
     RegistryClient,
 )
-from pycri.image.snapshots import Snapshotter, _umount, is_mounted
+from pycri.image.snapshots import Idmap, Snapshotter, _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
 from pycri.image.unpack import Bound, disk_usage, unpack_layer
 from pycri.store.db import Record, Store
@@ -489,16 +489,19 @@ class ImageManager:
 
     # ---- root filesystems --------------------------------------------------------------
 
-    async def prepare_rootfs(self, key: str, image_id: str) -> Path:
-        """Overlay rootfs for container `key`; holds the image's layers until removed."""
-        return await self._prepare(key, image_id, readonly=False)
+    async def prepare_rootfs(self, key: str, image_id: str, idmap: Idmap | None = None) -> Path:
+        """Overlay rootfs for container `key`; holds the image's layers until removed.
+        With `idmap`, the layers appear owned by their on-disk IDs in a user namespace."""
+        return await self._prepare(key, image_id, readonly=False, idmap=idmap)
 
-    async def prepare_view(self, key: str, image_id: str) -> Path:
+    async def prepare_view(self, key: str, image_id: str, idmap: Idmap | None = None) -> Path:
         """A read-only view of the image (an image volume), held like a rootfs: a
         RemoveImage while it is mounted keeps its layers until `remove_view(key)`."""
-        return await self._prepare(key, image_id, readonly=True)
+        return await self._prepare(key, image_id, readonly=True, idmap=idmap)
 
-    async def _prepare(self, key: str, image_id: str, readonly: bool) -> Path:
+    async def _prepare(
+        self, key: str, image_id: str, readonly: bool, idmap: Idmap | None
+    ) -> Path:
         iid = self._resolve(image_id)
         rec = self._store.get(IMAGE, iid) if iid else None
         if rec is None or iid is None:
@@ -516,7 +519,7 @@ class ImageManager:
         self._store.put(SNAPSHOT, key, {"image_id": iid, "chain_ids": chains,
                                         "view": readonly})
         try:
-            return await self.snapshots.prepare(key, chains, readonly=readonly)
+            return await self.snapshots.prepare(key, chains, readonly=readonly, idmap=idmap)
         except BaseException:
             if existing is None:
                 self._store.delete(SNAPSHOT, key)
@@ -598,6 +601,7 @@ class ImageManager:
                 rootfs = self.snapshots.dir(key) / "rootfs"
                 if rootfs.exists() and is_mounted(rootfs):
                     _umount(rootfs)
+                self.snapshots.drop_idmapped_store(key)
                 shutil.rmtree(self.snapshots.dir(key), ignore_errors=True)
         for chain, _ in self._store.items(LAYER):
             self.snapshots.link_layer(chain)

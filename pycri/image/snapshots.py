@@ -6,6 +6,12 @@ lowerdir option lists layer directories top-most first; when absolute paths
 would overflow the one-page mount data limit, the mount is done by `mount(8)`
 run with the layer-link directory as its working directory and short relative
 names, so the daemon never has to chdir.
+
+For a pod with its own user namespace the layers are shown through an idmapped mount
+of the image store (made with the pod's namespace, detached again as soon as the
+overlay holds it): overlayfs cannot itself be idmapped, but its layers can, and no
+layer is copied or chowned. The upper dir alone is the pod root's: overlayfs writes to
+it with the mounter's credentials, which an idmapped upper would not map.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import ctypes
 import ctypes.util
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from pycri import errors, procs
+from pycri.oci import mounts, userns
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
@@ -95,9 +103,30 @@ def resolve_within(root: Path, sub_path: str) -> Path:
     return root.joinpath(*resolved)
 
 
+@dataclass(frozen=True)
+class Idmap:
+    """Show a snapshot's layers to a user namespace as owned by their on-disk IDs."""
+
+    userns: Path  # the pinned namespace (pycri.oci.userns)
+    uid: int  # host IDs of the namespace's root, who owns the upper dir
+    gid: int
+
+
+def _stage_store(store: Path, target: Path, idmap: Idmap) -> None:
+    fd = userns.open_userns(idmap.userns)
+    try:
+        # Not recursive: the rootfs overlays mounted under the store are no layers.
+        mounts.stage_idmapped(str(store), target, fd, readonly=True, recursive=False)
+    finally:
+        os.close(fd)
+
+
 class Snapshotter:
     def __init__(self, root: Path, layers: Path, links: Path, empty: Path) -> None:
         self.root, self.layers, self.links, self.empty = root, layers, links, empty
+        # One idmapped mount of their parent shows all three to a user namespace.
+        if not layers.parent == links.parent == empty.parent:
+            raise ValueError("layers, links and empty must share a parent directory")
         for d in (root, layers, links, empty):
             d.mkdir(parents=True, exist_ok=True)
 
@@ -120,11 +149,14 @@ class Snapshotter:
             raise errors.InvalidArgument(f"invalid snapshot key {key!r}")
         return self.root / key
 
-    async def prepare(self, key: str, chain_hexes: list[str], readonly: bool = False) -> Path:
+    async def prepare(
+        self, key: str, chain_hexes: list[str], readonly: bool = False, idmap: Idmap | None = None
+    ) -> Path:
         """Mount the overlay for `key`; chain IDs bottom-most first. Undoes itself on failure.
 
         A read-only view has no upper or work dir, so nothing can write through it; the
-        kernel wants two lower dirs at least, hence the empty dirs at the bottom.
+        kernel wants two lower dirs at least, hence the empty dirs at the bottom. With
+        `idmap`, the layers are read through an idmapped copy of the store (see above).
         """
         d = self.dir(key)
         rootfs = d / "rootfs"
@@ -133,37 +165,57 @@ class Snapshotter:
         upper, work, bottom = d / "upper", d / "work", d / "empty"
         for p in (d, *((bottom,) if readonly else (upper, work)), rootfs):
             p.mkdir(mode=0o755, exist_ok=True)
+        store = self._idmapped_store(key)
+        layers, links, empty = self.layers, self.links, self.empty
         try:
+            if idmap is not None:
+                await asyncio.to_thread(_stage_store, self.layers.parent, store, idmap)
+                layers, links, empty = (store / p.name for p in (layers, links, empty))
+                if not readonly:
+                    os.chown(upper, idmap.uid, idmap.gid)
             top_first = list(reversed(chain_hexes))
             if readonly:
-                tail = [str(self.empty)] + ([str(bottom)] if not chain_hexes else [])
+                tail = [str(empty)] + ([str(bottom)] if not chain_hexes else [])
                 writable = ""
             else:
-                tail = [] if chain_hexes else [str(self.empty)]
+                tail = [] if chain_hexes else [str(empty)]
                 writable = f",upperdir={upper},workdir={work}"
-            lower = ":".join([*(str(self.layers / h) for h in top_first), *tail])
+            lower = ":".join([*(str(layers / h) for h in top_first), *tail])
             opts = f"lowerdir={lower}{writable}"
             if len(opts) < PAGE - 1:
                 await asyncio.to_thread(_mount_overlay, rootfs, opts)
             else:
                 short = ":".join([*(h[:LINK_LEN] for h in top_first), *tail])
-                await self._mount_relative(rootfs, f"lowerdir={short}{writable}")
+                await self._mount_relative(rootfs, f"lowerdir={short}{writable}", links)
         except BaseException:
             if is_mounted(rootfs):
                 _umount(rootfs)
+            mounts.unstage(store)
             shutil.rmtree(d, ignore_errors=True)
             raise
+        # The overlay holds its own references to the layers.
+        await asyncio.to_thread(mounts.unstage, store)
         return rootfs
 
-    async def _mount_relative(self, rootfs: Path, opts: str) -> None:
+    async def _mount_relative(self, rootfs: Path, opts: str, links: Path) -> None:
         if len(opts) >= PAGE - 1:
             raise errors.InvalidArgument("image has too many layers for one overlay mount")
         rc, _, err = await procs.run(
             ["mount", "-t", "overlay", "overlay", "-o", opts, str(rootfs)],
-            stdin=None, timeout=MOUNT_TIMEOUT, cwd=self.links,
+            stdin=None, timeout=MOUNT_TIMEOUT, cwd=links,
         )
         if rc != 0:
             raise OSError(f"mount overlay on {rootfs}: {err.decode(errors='replace').strip()}")
+
+    def _idmapped_store(self, key: str) -> Path:
+        """Where the idmapped copy of the whole store is, while an overlay is mounted."""
+        return self.dir(key) / "idmapped-store"
+
+    def drop_idmapped_store(self, key: str) -> None:
+        """Detach a copy of the store a crash left in `key`'s dir: deleting the dir with
+        the copy still mounted would delete every layer (and the database) through it.
+        Raises if it cannot be detached, so no deletion follows."""
+        mounts.unstage(self._idmapped_store(key))
 
     async def remove(self, key: str) -> None:
         """Unmount and delete; absent is fine."""
@@ -171,6 +223,7 @@ class Snapshotter:
         rootfs = d / "rootfs"
         if rootfs.exists() and is_mounted(rootfs):
             await asyncio.to_thread(_umount, rootfs)
+        await asyncio.to_thread(self.drop_idmapped_store, key)
         await asyncio.to_thread(shutil.rmtree, d, True)
 
     def upper(self, key: str) -> Path:

@@ -174,7 +174,9 @@ class Reaper:
         """Watch `pid` (a re-parented monitor or exec'd process, or any process) with a
         pidfd; the future, shared by all callers, gets its wait status once it has
         exited and been reaped, or None if it is gone or not our child to reap.
-        A pid that already exited (a zombie) or is gone resolves at once."""
+        A pid that already exited (a zombie) or is gone resolves at once. Whoever needs
+        the status keeps this future: once reaped the pid is forgotten, and watching it
+        again (or `status`) finds it gone and resolves to None."""
         if pid in self._watched:
             return self._watched[pid][1]
         loop = self._loop or asyncio.get_running_loop()

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pycri.resources import data_path
+
 log = logging.getLogger(__name__)
 
 CONF_EXTENSIONS = (".conf", ".conflist", ".json")
-DEFAULT_TEMPLATE = Path(__file__).resolve().parents[2] / "cni" / "pycri-default.conflist"
+DEFAULT_TEMPLATE = data_path("pycri-default.conflist")
 
 # The CNI spec's rule for network names; also keeps them safe as cache file names.
 _NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.\-]*$")
@@ -148,7 +150,7 @@ def _substitute(node: Any, values: dict[str, str]) -> Any:
 def default_network(
     template: Path, subnet: str, bridge: str, ipam_data_dir: str | None = None
 ) -> NetworkConfig:
-    """Render the shipped default conflist (see cni/README.md for its placeholders)."""
+    """Render the shipped default conflist (see pycri/data/README.md for its placeholders)."""
     net = ipaddress.ip_network(subnet, strict=False)  # ValueError names the bad subnet
     if not bridge or len(bridge) > 15 or "/" in bridge or " " in bridge:
         raise ValueError(f"invalid bridge name {bridge!r}")

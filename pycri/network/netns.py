@@ -91,6 +91,28 @@ def _create_sync(path: Path) -> None:
         raise failure[0]
 
 
+def _pin_sync(pid: int, path: Path) -> None:
+    _make_run_dir_shared(path.parent)
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0))
+    except FileExistsError:
+        raise AlreadyExists(f"network namespace {path} already exists") from None
+    if _libc.mount(f"/proc/{pid}/ns/net".encode(), bytes(path), b"none", _MS_BIND, None) != 0:
+        err = _oserror("bind mount netns", path)
+        path.unlink(missing_ok=True)
+        raise err
+
+
+async def pin_netns_of(pid: int, name: str, run_dir: Path = NETNS_RUN_DIR) -> Path:
+    """Pin the network namespace process `pid` is in, as `create_netns` pins a new one:
+    for a namespace made by a helper inside a pod's own user namespace (pycri.oci.userns),
+    which no thread of the daemon can enter."""
+    _check_name(name)
+    path = run_dir / name
+    await asyncio.to_thread(_pin_sync, pid, path)
+    return path
+
+
 def _remove_sync(path: Path) -> None:
     if _libc.umount2(bytes(path), _MNT_DETACH) != 0:
         err = ctypes.get_errno()

@@ -190,7 +190,16 @@ _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
 _AT_FDCWD = -100
 _AT_RECURSIVE = 0x8000
-_SYS_MOUNT_SETATTR = 442  # the same number on every architecture (added in Linux 5.12)
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_IDMAP = 0x00100000
+_AT_EMPTY_PATH = 0x1000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 4
+# The same numbers on every architecture (added in Linux 5.2 and 5.12).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
@@ -218,10 +227,102 @@ def _set_attrs_recursively(path: str, attrs: int) -> None:
     _check(ret, f"mount_setattr(AT_RECURSIVE, {attrs:#x}) {path}")
 
 
+def _make_target(source: str, target: Path) -> None:
+    """The mount point of a staged copy: a 0700 directory, or an empty 0600 file."""
+    private_dirs(target.parent)
+    if os.path.isdir(source):
+        target.mkdir(mode=0o700)
+    else:
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+
+
+def stage_idmapped(
+    source: str, target: Path, userns_fd: int, readonly: bool, recursive: bool = True
+) -> None:
+    """A copy of `source` (with its submounts, if `recursive`) at `target` whose files
+    appear to the user namespace `userns_fd` as owned by the IDs they have on disk (and,
+    with `readonly`, read-only: a recursively read-only idmapped mount is one staged copy).
+
+    open_tree(OPEN_TREE_CLONE) makes a detached copy, mount_setattr(MOUNT_ATTR_IDMAP) maps
+    it before anything can see it, move_mount attaches it. A bind of it (what the runtime
+    is given) keeps the mapping: runc 1.1 cannot make idmapped mounts itself.
+    """
+    _make_target(source, target)
+    try:
+        rec = _AT_RECURSIVE if recursive else 0
+        tree = _libc.syscall(_SYS_OPEN_TREE, _AT_FDCWD, source.encode(),
+                             _OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC | rec)
+        if tree < 0:
+            _check(tree, f"open_tree {source}")
+        try:
+            attr = _MountAttr(attr_set=_MOUNT_ATTR_IDMAP | (_MOUNT_ATTR_RDONLY if readonly else 0),
+                              userns_fd=userns_fd)
+            ret = _libc.syscall(_SYS_MOUNT_SETATTR, tree, b"", _AT_EMPTY_PATH | rec,
+                                ctypes.byref(attr), ctypes.sizeof(attr))
+            if ret != 0 and ctypes.get_errno() == errno.EINVAL:
+                raise InvalidArgument(
+                    f"{source} cannot be idmapped (its filesystem, or one mounted below it, "
+                    "does not support idmapped mounts)")
+            _check(ret, f"mount_setattr(MOUNT_ATTR_IDMAP) {source}")
+            _check(_libc.syscall(_SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, str(target).encode(),
+                                 _MOVE_MOUNT_F_EMPTY_PATH), f"move_mount {source} to {target}")
+        finally:
+            os.close(tree)
+    except BaseException:
+        unstage(target)
+        raise
+
+
+def stage_rootfs(rootfs: str, staging: Path, uid: int, gid: int) -> Path:
+    """A bind of a user-namespaced container's rootfs that the pod's root can reach.
+
+    runc and crun open the rootfs from inside the user namespace, as a host user that
+    cannot search the 0700 `<root>`; `staging` (0700, owned by the pod's root, in the
+    0711 rootfs area) can be searched by that user alone. It stays until the container
+    is removed: `runc exec` starts in that directory. Returns the bind's path.
+    """
+    private_dirs(staging.parent)
+    os.mkdir(staging, 0o700)
+    os.chown(staging, uid, gid)
+    target = staging / "rootfs"
+    target.mkdir(mode=0o700)
+    try:
+        _check(_libc.mount(rootfs.encode(), str(target).encode(), None, _MS_BIND | _MS_REC, None),
+               f"bind {rootfs} on {target}")
+        _check(_libc.mount(None, str(target).encode(), None, _MS_PRIVATE | _MS_REC, None),
+               f"make {target} private")
+    except OSError:
+        unstage_all(staging)
+        raise
+    return target
+
+
 def recursive_readonly_supported() -> bool:
     """Whether the kernel has mount_setattr(2) (an invalid call answers EBADF, not ENOSYS)."""
     ret = _libc.syscall(_SYS_MOUNT_SETATTR, -1, None, 0, None, 0)
     return ret == 0 or ctypes.get_errno() != errno.ENOSYS
+
+
+def staging_area(state: str) -> Path:
+    """Where copies are staged for the runtime during a create: `<state>/rro/<id>/<i>`."""
+    return Path(state) / "rro"
+
+
+def rootfs_area(state: str) -> Path:
+    """Where user-namespaced rootfs binds live (0711): `<state>/rootfs/<id>/rootfs`."""
+    return Path(state) / "rootfs"
+
+
+def rootfs_staging(state: str, oid: str) -> Path:
+    return rootfs_area(state) / oid
+
+
+def open_rootfs_area(state: str) -> Path:
+    """Create the rootfs area: 0711, since a user namespace's root must search it."""
+    area = rootfs_area(state)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(area, 0o711)
+    return area
 
 
 def private_dirs(path: Path) -> None:
@@ -253,11 +354,7 @@ def stage_recursive_readonly(source: str, target: Path, options: Sequence[str] =
     submount in the same call: the runtime's remount reaches only the top one.
     `target`'s parents are made root-only (see private_dirs).
     """
-    private_dirs(target.parent)
-    if os.path.isdir(source):
-        target.mkdir(mode=0o700)
-    else:
-        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    _make_target(source, target)
     _check(_libc.mount(source.encode(), str(target).encode(), None, _MS_BIND | _MS_REC, None),
            f"bind {source} on {target}")
     try:

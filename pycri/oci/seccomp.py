@@ -1,6 +1,6 @@
 """Seccomp profiles: the bundled default allowlist, Localhost files, capability gating.
 
-The bundled profile (bundles/seccomp-default.json) is OCI `linux.seccomp` plus two
+The bundled profile (pycri/data/seccomp-default.json) is OCI `linux.seccomp` plus two
 pycri-only rule keys that let one file serve every capability set:
   "capabilities": [...]        keep the rule only if the container has ANY of them;
   "unlessCapabilities": [...]  keep the rule only if it has NONE of them.
@@ -19,8 +19,9 @@ from typing import Any
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
 from pycri.oci import rootfs
+from pycri.resources import data_path
 
-DEFAULT_PROFILE_PATH = Path(__file__).resolve().parents[2] / "bundles" / "seccomp-default.json"
+DEFAULT_PROFILE_PATH = data_path("seccomp-default.json")
 
 _CAP_KEY = "capabilities"
 _UNLESS_KEY = "unlessCapabilities"

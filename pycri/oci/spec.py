@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
+from pycri.cdi import edits as cdi_edits
+from pycri.cdi.schema import ContainerEdits
 from pycri.errors import InvalidArgument
 from pycri.oci import bindopts, selinux
 from pycri.oci import seccomp as seccomp_mod
@@ -211,6 +213,64 @@ class Rlimit:
 
 
 @dataclass(frozen=True)
+class IDMap:
+    """One line of a uid_map or gid_map: `length` IDs from `container_id` on, as `host_id` on."""
+
+    container_id: int
+    host_id: int
+    length: int
+
+    def oci(self) -> dict[str, int]:
+        return {"containerID": self.container_id, "hostID": self.host_id, "size": self.length}
+
+
+def _mapped(maps: Iterable[IDMap], i: int) -> bool:
+    return any(m.container_id <= i < m.container_id + m.length for m in maps)
+
+
+@dataclass(frozen=True)
+class UserNamespace:
+    """A pod's own user namespace: the pinned namespace to join and its mappings (the
+    runtime wants them even when it joins, to know the host IDs of container root)."""
+
+    path: str
+    uids: tuple[IDMap, ...]
+    gids: tuple[IDMap, ...]
+
+    def check_user(self, user: ResolvedUser) -> None:
+        """The process's IDs must exist in the namespace, or the runtime's setuid fails."""
+        for kind, ids, maps in (("uid", (user.uid,), self.uids),
+                                ("gid", (user.gid, *user.additional_gids), self.gids)):
+            for i in ids:
+                if not _mapped(maps, i):
+                    raise InvalidArgument(
+                        f"{kind} {i} is not mapped in the pod's user namespace ("
+                        + ", ".join(f"{m.container_id}-{m.container_id + m.length - 1}"
+                                    for m in maps) + ")")
+
+    def maps_gid(self, gid: int) -> bool:
+        return _mapped(self.gids, gid)
+
+    def linux(self) -> dict[str, Any]:
+        return {"uidMappings": [m.oci() for m in self.uids],
+                "gidMappings": [m.oci() for m in self.gids]}
+
+
+def pod_id_maps(config: pb.PodSandboxConfig) -> tuple[tuple[IDMap, ...], tuple[IDMap, ...]] | None:
+    """The pod's (uid, gid) mappings when it asks for its own user namespace, else None.
+
+    Unset options, or mode NODE, keep the host's user namespace; the request gate has
+    refused every other mode and every mapping pycri cannot honour.
+    """
+    ns = config.linux.security_context.namespace_options
+    if not ns.HasField("userns_options") or ns.userns_options.mode != pb.POD:
+        return None
+    opts = ns.userns_options
+    return (tuple(IDMap(m.container_id, m.host_id, m.length) for m in opts.uids),
+            tuple(IDMap(m.container_id, m.host_id, m.length) for m in opts.gids))
+
+
+@dataclass(frozen=True)
 class ContainerContext:
     """What the caller resolved on the host before asking for a container's spec.
 
@@ -245,6 +305,9 @@ class ContainerContext:
     apparmor_default_profile: str = ""
     rlimits: Sequence[Rlimit] = ()
     selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
+    userns: UserNamespace | None = None  # the pod's own user namespace, joined
+    # The CDI devices' edits, resolved (cdi/registry.py), applied last in their order.
+    cdi_edits: Sequence[ContainerEdits] = ()
 
 
 @dataclass(frozen=True)
@@ -271,6 +334,7 @@ class SandboxContext:
     apparmor_enabled: bool = False
     apparmor_default_profile: str = ""
     selinux_enabled: bool = False  # the host has SELinux (selinux.enabled())
+    userns: UserNamespace | None = None  # the pod's own user namespace (pinned), joined
 
 
 # ---------------------------------------------------------------- small rules
@@ -457,10 +521,6 @@ def _clean_dest(path: str) -> str:
     return posixpath.normpath(path).replace("//", "/")
 
 
-def _depth(mount: Mapping[str, Any]) -> int:
-    return len([p for p in mount["destination"].split("/") if p])
-
-
 def image_volume_key(index: int) -> str:
     """The `mount_sources` key of the image volume at `index` in the CRI mounts; host
     paths are absolute, so it cannot collide with one."""
@@ -470,6 +530,16 @@ def image_volume_key(index: int) -> str:
 def rro_key(index: int) -> str:
     """The `mount_sources` key of the staged, recursively read-only copy of mount `index`."""
     return f"recursive-read-only:{index}"
+
+
+def idmap_key(index: int) -> str:
+    """The `mount_sources` key of the staged, idmapped copy of mount `index` (also
+    recursively read-only when the mount asks for both)."""
+    return f"idmapped:{index}"
+
+
+def is_idmapped(m: pb.Mount) -> bool:
+    return bool(m.uidMappings or m.gidMappings)
 
 
 def check_recursive_read_only(m: pb.Mount) -> None:
@@ -493,6 +563,8 @@ def cri_mounts(
     it keeps every submount read-only, which runc 1.1 and crun 1.8 cannot do themselves.
     `mount_options` merge into each bind's options (oci/bindopts.py); the runtimes apply
     them by remounting the bind.
+    A mount with uid/gid mappings binds the idmapped copy the caller staged (`idmap_key`):
+    runc 1.1 ignores the `idmap` option, so the runtime is only ever given a bind.
     """
     out: list[dict[str, Any]] = []
     rootfs_propagation: str | None = None
@@ -519,9 +591,12 @@ def cri_mounts(
         source = sources.get(m.host_path, m.host_path)
         if m.recursive_read_only:
             check_recursive_read_only(m)
-            staged = sources.get(rro_key(i))
+        staged_key = (idmap_key(i) if is_idmapped(m)
+                      else rro_key(i) if m.recursive_read_only else None)
+        if staged_key is not None:
+            staged = sources.get(staged_key)
             if staged is None:
-                raise InvalidArgument(f"mount {dest}: recursive read-only copy was not staged")
+                raise InvalidArgument(f"mount {dest}: its copy ({staged_key}) was not staged")
             source = staged
         if prop == "rshared":
             rootfs_propagation = "rshared"
@@ -550,8 +625,16 @@ def check_image_volume(m: pb.Mount) -> None:
         )
 
 
-def _base_mounts(privileged: bool, shm_path: str | None) -> list[dict[str, Any]]:
+TTY_GID = 5  # devpts gives new ptys this group, which must exist in a user namespace
+
+
+def _base_mounts(
+    privileged: bool, shm_path: str | None, userns: UserNamespace | None = None
+) -> list[dict[str, Any]]:
     sys_mode = "rw" if privileged else "ro"
+    devpts = ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"]
+    if userns is None or userns.maps_gid(TTY_GID):  # else the kernel refuses the mount
+        devpts.append(f"gid={TTY_GID}")
     shm: dict[str, Any]
     if shm_path:
         shm = {
@@ -584,7 +667,7 @@ def _base_mounts(privileged: bool, shm_path: str | None) -> list[dict[str, Any]]
             "destination": "/dev/pts",
             "type": "devpts",
             "source": "devpts",
-            "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            "options": devpts,
         },
         shm,
         {
@@ -634,7 +717,7 @@ def _merge_mounts(
     """A user mount replaces the default at the same path; parents mount before children."""
     taken = {m["destination"] for m in user}
     merged = [m for m in defaults if m["destination"] not in taken] + user
-    return sorted(merged, key=_depth)
+    return sorted(merged, key=cdi_edits.mount_depth)
 
 
 def _device_entries(
@@ -674,8 +757,11 @@ def _join(kind: str, path: str | None, what: str) -> dict[str, str]:
 
 
 def container_namespaces(opts: pb.NamespaceOption, ctx: ContainerContext) -> list[dict[str, str]]:
-    """Mount ns always new; net/uts/ipc of the pod (or host); pid per its mode."""
+    """Mount ns always new; net/uts/ipc of the pod (or host); pid per its mode; the pod's
+    user namespace when it has one."""
     ns: list[dict[str, str]] = [{"type": "mount"}]
+    if ctx.userns is not None:
+        ns.append({"type": "user", "path": ctx.userns.path})
     if opts.network != pb.NODE:
         ns.append(_join("network", ctx.net_ns, "network"))
         ns.append(_join("uts", ctx.uts_ns, "UTS"))
@@ -774,6 +860,8 @@ def container_spec(
         raise InvalidArgument("a privileged container needs a privileged sandbox")
     caps = capabilities(sc.capabilities, privileged, ctx.available_capabilities)
     host_uts = sc.namespace_options.network == pb.NODE
+    if ctx.userns is not None:
+        ctx.userns.check_user(ctx.user)
 
     process: dict[str, Any] = {
         "terminal": config.tty,
@@ -802,7 +890,8 @@ def container_spec(
     user_mounts, rootfs_propagation = cri_mounts(config.mounts, ctx.mount_sources)
     if ctx.selinux_enabled:
         _relabel(user_mounts, config.mounts)
-    defaults = _base_mounts(privileged, ctx.shm_path) + _pod_file_mounts(ctx, sc.readonly_rootfs)
+    defaults = (_base_mounts(privileged, ctx.shm_path, ctx.userns)
+                + _pod_file_mounts(ctx, sc.readonly_rootfs))
 
     devices = list(ctx.devices)
     dev_rules: list[dict[str, Any]] = [{"allow": False, "access": "rwm"}]
@@ -828,6 +917,8 @@ def container_spec(
             _selinux_labels(process, linux, sc.selinux_options)
         elif pod_sc.HasField("selinux_options"):
             _selinux_labels(process, linux, pod_sc.selinux_options)
+    if ctx.userns is not None:
+        linux |= ctx.userns.linux()
     if not privileged:
         linux["maskedPaths"] = list(sc.masked_paths or DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(sc.readonly_paths or DEFAULT_READONLY_PATHS)
@@ -858,7 +949,7 @@ def container_spec(
     }
     if not host_uts and sandbox.hostname:
         spec["hostname"] = sandbox.hostname
-    return spec
+    return cdi_edits.apply(spec, ctx.cdi_edits) if ctx.cdi_edits else spec
 
 
 def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, Any]:
@@ -867,7 +958,7 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
     opts = sc.namespace_options
     privileged = sc.privileged
     caps = capabilities(pb.Capability(), privileged, ctx.available_capabilities)
-    mounts = _base_mounts(privileged, ctx.shm_path)
+    mounts = _base_mounts(privileged, ctx.shm_path, ctx.userns)
     if ctx.image is None:
         if not ctx.infra_binary.startswith("/"):
             raise InvalidArgument(f"infra binary {ctx.infra_binary!r} must be an absolute path")
@@ -908,6 +999,8 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
         process["apparmorProfile"] = aa
 
     ns: list[dict[str, str]] = [{"type": "mount"}]
+    if ctx.userns is not None:
+        ns.append({"type": "user", "path": ctx.userns.path})
     if opts.network != pb.NODE:
         ns.append({"type": "network", "path": ctx.net_ns} if ctx.net_ns else {"type": "network"})
         ns.append({"type": "uts"})
@@ -924,6 +1017,9 @@ def sandbox_spec(config: pb.PodSandboxConfig, ctx: SandboxContext) -> dict[str, 
     }
     if ctx.selinux_enabled and sc.HasField("selinux_options"):
         _selinux_labels(process, linux, sc.selinux_options)
+    if ctx.userns is not None:
+        ctx.userns.check_user(ctx.user)
+        linux |= ctx.userns.linux()
     if not privileged:
         linux["maskedPaths"] = list(DEFAULT_MASKED_PATHS)
         linux["readonlyPaths"] = list(DEFAULT_READONLY_PATHS)

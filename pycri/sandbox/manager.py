@@ -13,6 +13,7 @@ import builtins
 import contextlib
 import json
 import logging
+import os
 import re
 import shutil
 import signal
@@ -22,12 +23,15 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Protocol
 
+from google.protobuf import json_format
+
 from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
-from pycri.errors import InvalidArgument, NotFound, PycriError
+from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
+from pycri.image.snapshots import Idmap
 from pycri.launcher import Launcher
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.network import (
@@ -41,7 +45,8 @@ from pycri.network import (
 )
 from pycri.network.cache import CorruptEntry
 from pycri.network.netns import NETNS_RUN_DIR
-from pycri.oci import seccomp, selinux, spec
+from pycri.nri.adaptation import Adaptation
+from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
 from pycri.sandbox import podcgroup, podfiles
@@ -114,6 +119,7 @@ class SandboxManager:
         cni: CNIManager,
         images: ImageManager,
         events: EventBus,
+        nri: Adaptation,
     ) -> None:
         self.cfg = cfg
         self.events = events
@@ -121,8 +127,11 @@ class SandboxManager:
         self.launcher = launcher
         self.cni = cni
         self.images = images
+        self.nri = nri
         self.containers: PodContainers | None = None
         self.sandboxes: dict[str, Sandbox] = {}
+        # RunPodSandbox in flight: not listed until READY (nor while NRI plugins see it).
+        self._running: set[str] = set()
         self.names = NameRegistry("pod sandbox")
         self._locks: dict[str, asyncio.Lock] = {}
         self.pod_root = Path(cfg.root) / "sandboxes"
@@ -130,6 +139,8 @@ class SandboxManager:
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
         self.capabilities = own_capabilities()
         self.selinux = selinux.enabled()
+        # What this host can do for pods with their own user namespace (probed at start).
+        self.userns_support: userns.Support | None = None
 
     # -- lookup ------------------------------------------------------------------
 
@@ -177,6 +188,30 @@ class SandboxManager:
         shm = self.shm_path(sb)
         return str(shm) if shm else "/dev/shm"
 
+    def userns(self, sb: Sandbox) -> spec.UserNamespace | None:
+        """The pod's own user namespace (pinned in its state dir), if it has one."""
+        maps = spec.pod_id_maps(sb.config)
+        if maps is None:
+            return None
+        return spec.UserNamespace(str(self.state_dir(sb.id) / "userns"), *maps)
+
+    def idmap(self, sb: Sandbox) -> Idmap | None:
+        """How the pod's layers and volumes are shown to its user namespace, if it has one."""
+        ns = self.userns(sb)
+        if ns is None:
+            return None
+        return Idmap(Path(ns.path), ns.uids[0].host_id, ns.gids[0].host_id)
+
+    def _check_userns_support(self, config: pb.PodSandboxConfig, runtime_handler: str) -> None:
+        if spec.pod_id_maps(config) is None:
+            return
+        support = self.userns_support
+        problem = support.problem(runtime_handler) if support else "not probed"
+        if problem:
+            raise FailedPrecondition(
+                f"runtime handler {runtime_handler!r} cannot run pods with their own user "
+                f"namespace on this host: {problem}")
+
     def _save(self, sb: Sandbox) -> None:
         sb.revision += 1
         self.store.put(KIND, sb.id, sb.to_record())
@@ -187,6 +222,8 @@ class SandboxManager:
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
         md = config.metadata  # checked by the request gate (server/validate.py)
         handler = self.launcher.handler_name(runtime_handler)
+        # Before the name is reserved: a refusal must leave it free for a retry.
+        self._check_userns_support(config, runtime_handler)
         sid = new_id()
         self.names.reserve(name_key(md), sid)
         sb = Sandbox(
@@ -197,6 +234,7 @@ class SandboxManager:
             created_at=time.time_ns(),
             cgroup_parent=config.linux.cgroup_parent,
         )
+        self._running.add(sid)
         try:
             async with self.lock(sid), AsyncExitStack() as undo:
                 # Written first, so a crash half-way leaves a NOTREADY pod that
@@ -204,6 +242,9 @@ class SandboxManager:
                 self._save(sb)
                 undo.callback(self._forget, sb)
                 await self._setup(sb, undo)
+                async with step("NRI RunPodSandbox"):
+                    undo.push_async_callback(self.nri.undo_run_pod_sandbox, sb)
+                    await self.nri.run_pod_sandbox(sb)
                 sb.state = pb.SANDBOX_READY
                 self._save(sb)
                 undo.pop_all()
@@ -211,6 +252,8 @@ class SandboxManager:
             self.names.release(name_key(md), sid)
             self._locks.pop(sid, None)
             raise
+        finally:
+            self._running.discard(sid)
         self._publish(sb, events.CREATED)
         self._publish(sb, events.STARTED)
         log.info("pod sandbox %s (%s/%s) ready, ips %s", sid, md.namespace, md.name, sb.ips)
@@ -227,18 +270,29 @@ class SandboxManager:
     async def _setup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
         config = sb.config
         pod_dir, state_dir = self.pod_dir(sb.id), self.state_dir(sb.id)
+        ns = self.userns(sb)
+        idmap = self.idmap(sb)
+        owner = (idmap.uid, idmap.gid) if idmap else None
         async with step("writing pod files"):
             state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             undo.callback(shutil.rmtree, state_dir, True)
-            podfiles.write_pod_files(pod_dir, config, sb.host_network)
+            podfiles.write_pod_files(pod_dir, config, sb.host_network, owner)
             undo.callback(shutil.rmtree, pod_dir, True)
         await self._pod_cgroup(sb, undo)
         shm = self.shm_path(sb)
         if shm is not None:
             async with step("mounting /dev/shm"):
-                podfiles.mount_shm(shm)
+                podfiles.mount_shm(shm, owner=owner)
                 undo.callback(podfiles.unmount, shm)
-        if not sb.host_network:
+        if ns is not None:  # the gate allows no host network with a user namespace
+            async with step("creating the pod's user and network namespaces"):
+                sb.netns = str(NETNS_RUN_DIR / f"pycri-{sb.id}")
+                self._save(sb)
+                undo.push_async_callback(remove_netns, sb.netns)
+                undo.callback(userns.unpin_userns, Path(ns.path))
+                await userns.create_pod_namespaces(
+                    Path(ns.path), f"pycri-{sb.id}", ns.uids, ns.gids)
+        elif not sb.host_network:
             async with step("creating the network namespace"):
                 # Path saved and undo pushed first: a crash or cancel during the create
                 # must not leave a pinned namespace nobody knows about.
@@ -246,6 +300,7 @@ class SandboxManager:
                 self._save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 await create_netns(f"pycri-{sb.id}")
+        if not sb.host_network:
             pod_net = self.pod_network(sb)
             async with step("setting up the pod network (CNI)"):
                 undo.push_async_callback(self.cni.teardown, pod_net)
@@ -256,10 +311,17 @@ class SandboxManager:
         if self.cfg.pause_image:
             async with step(f"preparing the pause image {self.cfg.pause_image}"):
                 undo.push_async_callback(self.images.remove_rootfs, sb.id)  # absent is fine
-                image, rootfs = await self._pause_rootfs(sb)
+                image, rootfs = await self._pause_rootfs(sb, idmap)
         else:
             rootfs.mkdir(exist_ok=True)
+            if owner is not None:  # runc makes /proc, /dev, ... in it as the pod's root
+                os.chown(rootfs, *owner)
         async with step("starting the infra container"):
+            if idmap is not None:
+                staging = mounts.rootfs_staging(self.cfg.state, sb.id)
+                undo.callback(mounts.unstage_all, staging)
+                rootfs = await asyncio.to_thread(
+                    mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
             spec_doc = await asyncio.to_thread(self._infra_spec, sb, rootfs, image)
             created = await self.launcher.create(
                 sb.id, spec_doc, sb.handler, state_dir / "infra.log"
@@ -287,12 +349,14 @@ class SandboxManager:
                                      sb.id)
             await asyncio.to_thread(podcgroup.create, sb.cgroup_parent, limits)
 
-    async def _pause_rootfs(self, sb: Sandbox) -> tuple[spec.ImageConfig, Path]:
+    async def _pause_rootfs(
+        self, sb: Sandbox, idmap: Idmap | None
+    ) -> tuple[spec.ImageConfig, Path]:
         """The configured pause image's rootfs (pulled on first use; pinned by config)."""
         ref = self.cfg.pause_image
         image = self.images.status(ref)
         image_id = image.id if image else await self.images.pull(ref)
-        rootfs = await self.images.prepare_rootfs(sb.id, image_id)
+        rootfs = await self.images.prepare_rootfs(sb.id, image_id, idmap)
         return spec.ImageConfig.from_oci(self.images.image_config(image_id)), rootfs
 
     def _infra_spec(
@@ -320,6 +384,7 @@ class SandboxManager:
             min_oom_score_adj=self.min_oom_score_adj,
             available_capabilities=self.capabilities,
             selinux_enabled=self.selinux,
+            userns=self.userns(sb),
         )
         if not self.selinux:
             selinux.ignored(f"pod sandbox {sb.id}", selinux.sandbox_fields(config))
@@ -390,6 +455,8 @@ class SandboxManager:
             self._publish(sb, events.STOPPED)
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
+        # Plugins hear of it with the containers stopped and the pod still reachable.
+        await self.nri.stop_pod_sandbox(sb)
         async with step("stopping the infra container"):
             await self._kill_infra(sb)  # decides on the runtime's state, not the record
         if not sb.host_network and not sb.network_torn_down:
@@ -400,6 +467,8 @@ class SandboxManager:
         if sb.netns:
             async with step("removing the network namespace"):
                 await remove_netns(sb.netns)
+        if (ns := self.userns(sb)) is not None:
+            userns.unpin_userns(Path(ns.path))
         shm = self.shm_path(sb)
         if shm is not None:
             podfiles.unmount(shm)
@@ -412,8 +481,11 @@ class SandboxManager:
             await self._stop_locked(sb)
             if self.containers is not None:
                 await self.containers.remove_all(sb.id)
+            await self.nri.remove_pod_sandbox(sb)
             async with step("deleting the infra container"):
                 await self.launcher.delete(sb.id, sb.handler)
+                await asyncio.to_thread(
+                    mounts.unstage_all, mounts.rootfs_staging(self.cfg.state, sb.id))
                 await self.images.remove_rootfs(sb.id)
             if sb.own_cgroup:
                 await asyncio.to_thread(podcgroup.remove, sb.cgroup_parent, sb.id)
@@ -425,6 +497,62 @@ class SandboxManager:
         self._locks.pop(sb.id, None)
         log.info("pod sandbox %s removed", sb.id)
 
+    # -- pod resize -------------------------------------------------------------------
+
+    async def update_resources(
+        self, sid: str, overhead: pb.LinuxContainerResources | None,
+        resources: pb.LinuxContainerResources | None,
+    ) -> None:
+        """UpdatePodSandboxResources: the pod's overhead and resources become these (an
+        absent one is cleared, as containerd records it). Recorded in the pod's config
+        in every case; written to the pod cgroup only when it is pycri's own
+        (podcgroup.py), as at RunPodSandbox: a kubelet's cgroup_parent is the kubelet's
+        to resize, and a pod that started without a pod cgroup has its containers in
+        none to bound. A limit the kernel refuses leaves the old ones, and the record,
+        as they were."""
+        async with self._held(sid) as sb:
+            if sb is None:
+                raise NotFound(f"pod sandbox {sid!r} not found")
+            async with step("NRI UpdatePodSandbox"):
+                await self.nri.update_pod_sandbox(sb, overhead, resources)
+            config = pb.PodSandboxConfig()
+            config.CopyFrom(sb.config)
+            for name, value in (("overhead", overhead), ("resources", resources)):
+                config.linux.ClearField(name)
+                if value is not None:
+                    getattr(config.linux, name).CopyFrom(value)
+            old = sb.config
+            if sb.own_cgroup:
+                try:
+                    await asyncio.to_thread(podcgroup.update, sb.cgroup_parent,
+                                            spec.pod_limits(config.linux))
+                except OSError as e:
+                    await self._restore_pod_limits(sb)
+                    raise FailedPrecondition(
+                        f"pod {sb.id}: the kernel refused the new pod-level limits "
+                        f"({e.filename}: {e.strerror}); the old ones stay") from None
+            elif spec.pod_limits(config.linux):
+                log.info("pod %s: new pod-level limits recorded, not written: %s", sb.id,
+                         "its cgroup_parent is the kubelet's" if sb.cgroup_parent
+                         else "it has no pod cgroup of pycri's own")
+            sb.config = config
+            try:
+                self._save(sb)
+            except BaseException:
+                sb.config = old
+                if sb.own_cgroup:
+                    await self._restore_pod_limits(sb)
+                raise
+        await self.nri.post_update_pod_sandbox(sb)
+
+    async def _restore_pod_limits(self, sb: Sandbox) -> None:
+        """Write the recorded limits back over a resize that did not complete."""
+        try:
+            await asyncio.to_thread(podcgroup.update, sb.cgroup_parent,
+                                    spec.pod_limits(sb.config.linux))
+        except OSError as e:
+            log.error("pod %s: its recorded limits could not be restored: %s", sb.id, e)
+
     # -- status / list ----------------------------------------------------------------
 
     def list(
@@ -432,6 +560,8 @@ class SandboxManager:
     ) -> builtins.list[Sandbox]:
         """Sandboxes matching a ListPodSandbox or ListPodSandboxStats filter."""
         out = list(self.sandboxes.values())
+        if self._running:
+            out = [s for s in out if s.id not in self._running]
         if flt is None:
             return out
         if flt.id:
@@ -451,6 +581,10 @@ class SandboxManager:
             "runtimeHandler": sb.handler,
             "ips": sb.ips,
             "cgroupParent": sb.cgroup_parent,
+            # As RunPodSandbox or the last UpdatePodSandboxResources set them.
+            "podResources": {name: json_format.MessageToDict(getattr(sb.config.linux, name))
+                             for name in ("overhead", "resources")
+                             if sb.config.linux.HasField(name)},
             "runtimeSpec": self.launcher.spec(sb.id),
         }
         return {"info": json.dumps(info)}

@@ -39,29 +39,64 @@ def create(path: str, limits: Mapping[str, Any], root: Path = CGROUP_ROOT) -> No
     """Make the pod cgroup at `path` (from path_for) and write `limits`
     (spec.pod_limits' cpu shares/quota/period and memory limit) into it."""
     rel = path.lstrip("/")
-    cpu, memory = limits.get("cpu", {}), limits.get("memory", {})
-    files: list[tuple[Path, str]] = []
     if _v2(root):
-        d = root / rel
         _enable_controllers(root, rel)
-        if "shares" in cpu:
-            files.append((d / "cpu.weight", str(_shares_to_weight(cpu["shares"]))))
-        if "quota" in cpu:
-            files.append((d / "cpu.max", f"{cpu['quota']} {cpu['period']}"))
-        if "limit" in memory:
-            files.append((d / "memory.max", str(memory["limit"])))
-    else:
-        c, m = root / "cpu" / rel, root / "memory" / rel
-        if "shares" in cpu:
-            files.append((c / "cpu.shares", str(cpu["shares"])))
-        if "quota" in cpu:  # the period first: a quota is checked against it
-            files.append((c / "cpu.cfs_period_us", str(cpu["period"])))
-            files.append((c / "cpu.cfs_quota_us", str(cpu["quota"])))
-        if "limit" in memory:
-            files.append((m / "memory.limit_in_bytes", str(memory["limit"])))
-    for f, value in files:
+    for f, value in _limit_files(root, rel, limits, reset=False):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(value)
+
+
+def update(path: str, limits: Mapping[str, Any], root: Path = CGROUP_ROOT) -> None:
+    """UpdatePodSandboxResources: write `limits` into the pod cgroup `create` made, a
+    limit the pod no longer sets back to the kernel's default (unlimited). Only
+    controllers whose directory exists are written: the pod cgroup's children, the
+    containers, already live in it. Raises OSError at the first file the kernel
+    refuses (a memory limit below what the pod uses that cannot be reclaimed, a quota
+    below a child's): the caller writes the old limits back."""
+    rel = path.lstrip("/")
+    for f, value in _limit_files(root, rel, limits, reset=True):
+        if f.parent.is_dir():
+            try:
+                f.write_text(value)
+            except OSError as e:  # a write(2) failure names no file by itself
+                raise OSError(e.errno, e.strerror, str(f)) from None
+
+
+# What a limit no one sets any more goes back to (the kernel's defaults).
+_UNSET_V2 = {"cpu.weight": "100", "cpu.max": "max", "memory.max": "max"}
+_UNSET_V1 = {"cpu.shares": "1024", "cpu.cfs_quota_us": "-1", "memory.limit_in_bytes": "-1"}
+
+
+def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
+                 ) -> list[tuple[Path, str]]:
+    """(file, value) of `limits` in write order; with `reset`, also the default of each
+    limit `limits` leaves unset."""
+    cpu, memory = limits.get("cpu", {}), limits.get("memory", {})
+    files: dict[Path, str] = {}
+    if _v2(root):
+        d = root / rel
+        if reset:
+            files.update((d / name, value) for name, value in _UNSET_V2.items())
+        if "shares" in cpu:
+            files[d / "cpu.weight"] = str(_shares_to_weight(cpu["shares"]))
+        if "quota" in cpu:
+            files[d / "cpu.max"] = f"{cpu['quota']} {cpu['period']}"
+        if "limit" in memory:
+            files[d / "memory.max"] = str(memory["limit"])
+        return list(files.items())
+    c, m = root / "cpu" / rel, root / "memory" / rel
+    if reset:
+        files.update((c / name, value) for name, value in _UNSET_V1.items() if "cpu" in name)
+        files[m / "memory.limit_in_bytes"] = _UNSET_V1["memory.limit_in_bytes"]
+    if "shares" in cpu:
+        files[c / "cpu.shares"] = str(cpu["shares"])
+    if "quota" in cpu:  # the period first: a quota is checked against it
+        files.pop(c / "cpu.cfs_quota_us", None)
+        files[c / "cpu.cfs_period_us"] = str(cpu["period"])
+        files[c / "cpu.cfs_quota_us"] = str(cpu["quota"])
+    if "limit" in memory:
+        files[m / "memory.limit_in_bytes"] = str(memory["limit"])
+    return list(files.items())
 
 
 def _enable_controllers(root: Path, rel: str) -> None:

@@ -62,8 +62,13 @@ def _read(path: Path) -> str:
         return ""
 
 
-def write_pod_files(directory: Path, config: pb.PodSandboxConfig, host_network: bool) -> None:
-    """Write hostname, hosts and resolv.conf into `directory` (created if needed)."""
+def write_pod_files(
+    directory: Path, config: pb.PodSandboxConfig, host_network: bool,
+    owner: tuple[int, int] | None = None,
+) -> None:
+    """Write hostname, hosts and resolv.conf into `directory` (created if needed); with
+    `owner` (the host IDs of a user namespace's root) they are that root's to rewrite,
+    as a container's root can rewrite them in a pod without one."""
     directory.mkdir(parents=True, exist_ok=True)
     files = {
         "hostname": pod_hostname(config, host_network) + "\n",
@@ -73,12 +78,16 @@ def write_pod_files(directory: Path, config: pb.PodSandboxConfig, host_network: 
     for name, text in files.items():
         (directory / name).write_text(text)
         os.chmod(directory / name, 0o644)
+        if owner is not None:
+            os.chown(directory / name, *owner)
 
 
-def mount_shm(path: Path, size: int = SHM_SIZE) -> None:
-    """A private tmpfs for the pod's /dev/shm (shared by its containers, not the host)."""
+def mount_shm(path: Path, size: int = SHM_SIZE, owner: tuple[int, int] | None = None) -> None:
+    """A private tmpfs for the pod's /dev/shm (shared by its containers, not the host),
+    owned by `owner` (a user namespace's root) when given."""
     path.mkdir(parents=True, exist_ok=True)
-    opts = f"mode=1777,size={size}".encode()
+    ids = f",uid={owner[0]},gid={owner[1]}" if owner else ""
+    opts = f"mode=1777,size={size}{ids}".encode()
     flags = 0x2 | 0x4 | 0x8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
     if _libc.mount(b"shm", str(path).encode(), b"tmpfs", flags, opts) != 0:
         err = ctypes.get_errno()

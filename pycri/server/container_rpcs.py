@@ -10,6 +10,7 @@ from pycri.container.manager import ContainerManager, cri_signal, parse_signal
 from pycri.container.model import Container
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
+from pycri.server.streamed import streamed_list
 
 Ctx = grpc.aio.ServicerContext
 
@@ -134,6 +135,11 @@ class ContainerRPCs:
         return pb.ListContainersResponse(
             containers=self._container_items.all(found)
         )
+
+    StreamContainers = streamed_list(
+        "StreamContainers", ListContainers, pb.ListContainersRequest, "containers",
+        pb.StreamContainersResponse, "containers",
+    )
 
     @rpc
     async def UpdateContainerResources(

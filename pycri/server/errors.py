@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, overload
 
 import grpc
@@ -86,20 +86,13 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
                 log.info("%s: the client went away; finishing the call anyway", name)
                 work.add_done_callback(functools.partial(_finished_alone, name))
             raise
-        except errors.PycriError as e:
-            status, error = status_code(e), str(e)
-            code = status.name
-            if not audited:
-                log.info("%s failed: %s", name, e)
-            await context.abort(status, error)
         except grpc.aio.AbortError:  # the handler aborted with its own code
             aborted = context.code()
             code = aborted.name if isinstance(aborted, grpc.StatusCode) else "UNKNOWN"
             raise
         except Exception as e:
-            code, error = "INTERNAL", f"{type(e).__name__}: {e}"
-            log.exception("%s: unexpected error", name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {error}")
+            code, error = _outcome(e)
+            await _abort(name, e, context, quiet=audited)  # oplog's line says it all
         finally:
             seconds = time.perf_counter() - t0
             latency.observe(seconds)
@@ -110,6 +103,49 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
+
+
+StreamHandler = Callable[[Any, Any, grpc.aio.ServicerContext], AsyncIterator[R]]
+
+
+def stream_rpc(fn: StreamHandler[R]) -> StreamHandler[R]:
+    """`@rpc` for a server-streaming method: the same gate, log line and error mapping.
+    Nothing to shield: a streamed list has no work left to finish when its client goes."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext
+                      ) -> AsyncIterator[R]:
+        log.debug("%s %s", name, _short(request))
+        try:
+            check_request(request)
+            async for msg in fn(self, request, context):
+                yield msg
+        except grpc.aio.AbortError:
+            raise
+        except Exception as e:
+            await _abort(name, e, context)
+
+    return wrapper
+
+
+def _outcome(e: Exception) -> tuple[str, str]:
+    """The gRPC code name and message a failed call ends with."""
+    if isinstance(e, errors.PycriError):
+        return status_code(e).name, str(e)
+    return "INTERNAL", f"{type(e).__name__}: {e}"
+
+
+async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext,
+                 quiet: bool = False) -> None:  # fmt: skip
+    """End the call with the status of `e`: its code for a domain error, else INTERNAL.
+    `quiet`: the domain error is logged by the caller (an unexpected one always is)."""
+    if isinstance(e, errors.PycriError):
+        if not quiet:
+            log.info("%s failed: %s", name, e)
+        await context.abort(status_code(e), str(e))
+    log.exception("%s: unexpected error", name)
+    await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")
 
 
 async def checked(fn: Handler[R], self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:

@@ -8,11 +8,13 @@ import grpc
 
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc
+from pycri.config import ListsConfig
 from pycri.errors import InvalidArgument
 from pycri.image.auth import Auth
 from pycri.image.manager import ImageManager
 from pycri.image.types import FsUsage, Image
 from pycri.server.errors import rpc
+from pycri.server.streamed import streamed_list
 
 
 def _image(img: Image) -> pb.Image:
@@ -51,8 +53,9 @@ def _ref(spec: pb.ImageSpec) -> str:
 
 
 class ImageServicer(api_pb2_grpc.ImageServiceServicer):
-    def __init__(self, manager: ImageManager) -> None:
+    def __init__(self, manager: ImageManager, list_chunks: ListsConfig | None = None) -> None:
         self.m = manager
+        self.list_chunks = list_chunks or ListsConfig()
 
     @rpc
     async def ListImages(
@@ -60,6 +63,11 @@ class ImageServicer(api_pb2_grpc.ImageServiceServicer):
     ) -> pb.ListImagesResponse:
         ref = request.filter.image.image if request.HasField("filter") else ""
         return pb.ListImagesResponse(images=[_image(i) for i in self.m.list(ref or None)])
+
+    StreamImages = streamed_list(
+        "StreamImages", ListImages, pb.ListImagesRequest, "images", pb.StreamImagesResponse,
+        "images",
+    )
 
     @rpc
     async def ImageStatus(

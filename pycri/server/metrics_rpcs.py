@@ -7,6 +7,7 @@ import grpc
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager
 from pycri.server.errors import rpc
+from pycri.server.streamed import streamed_list
 from pycri.stats.metrics import COUNTER, DESCRIPTORS, MetricsCollector, PodMetrics, Sample
 
 Ctx = grpc.aio.ServicerContext
@@ -52,3 +53,8 @@ class MetricsRPCs:
     ) -> pb.ListPodSandboxMetricsResponse:
         pods = await MetricsCollector(self.containers).collect()
         return pb.ListPodSandboxMetricsResponse(pod_metrics=[pod_metrics(p) for p in pods])
+
+    StreamPodSandboxMetrics = streamed_list(
+        "StreamPodSandboxMetrics", ListPodSandboxMetrics, pb.ListPodSandboxMetricsRequest,
+        "pod_metrics", pb.StreamPodSandboxMetricsResponse, "pod_sandbox_metrics",
+    )

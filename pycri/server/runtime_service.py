@@ -7,8 +7,10 @@ import grpc
 from pycri import __version__
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.checkpoint.manager import CheckpointManager
 from pycri.container.manager import ContainerManager
 from pycri.sandbox.manager import SandboxManager
+from pycri.server.checkpoint_rpcs import CheckpointRPCs
 from pycri.server.container_rpcs import ContainerRPCs
 from pycri.server.errors import rpc
 from pycri.server.event_rpcs import EventRPCs
@@ -31,6 +33,7 @@ class RuntimeServicer(
     StreamingRPCs,
     EventRPCs,
     MetricsRPCs,
+    CheckpointRPCs,
     pb_grpc.RuntimeServiceServicer,
 ):
     """Node-level RPCs here; pod and container RPCs come from their own modules."""
@@ -46,6 +49,8 @@ class RuntimeServicer(
         self.sandboxes = sandboxes
         self.containers = containers
         self.streaming = streaming
+        self.list_chunks = node.cfg.lists  # how the Stream* lists cut their answer
+        self.checkpoints = CheckpointManager(containers, sandboxes, containers.checkpoint_support)
 
     @rpc
     async def Version(self, request: pb.VersionRequest, context: Ctx) -> pb.VersionResponse:
@@ -69,13 +74,17 @@ class RuntimeServicer(
                 pb.RuntimeHandler(
                     name=name,
                     features=pb.RuntimeHandlerFeatures(
-                        recursive_read_only_mounts=self.node.recursive_read_only
+                        recursive_read_only_mounts=self.node.recursive_read_only,
+                        user_namespaces=self.node.user_namespaces[name],
                     ),
                 )
                 for name in self.node.handlers()
             ],
             # mount_options: every handler remounts a bind with its flags (oci/bindopts.py).
-            features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True),
+            # user_namespaces_host_network: a pod's own user namespace owns its netns, so
+            # the host's network cannot be combined with one (validate.py refuses it).
+            features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True,
+                                        user_namespaces_host_network=False),
         )
 
     @rpc

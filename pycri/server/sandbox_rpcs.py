@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
 from pycri.api import api_pb2 as pb
+from pycri.container.manager import ContainerManager
+from pycri.container.model import Container
 from pycri.sandbox.manager import SandboxManager
 from pycri.sandbox.model import Sandbox
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
+from pycri.server.streamed import streamed_list
 
 Ctx = grpc.aio.ServicerContext
 
@@ -49,6 +54,8 @@ def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
 
 class SandboxRPCs:
     sandboxes: SandboxManager
+    containers: ContainerManager
+    _container_statuses: ItemCache[Container, pb.ContainerStatus]  # ContainerRPCs's
     _sandbox_items: ItemCache[Sandbox, pb.PodSandbox] = ItemCache(sandbox_item)
     _sandbox_statuses: ItemCache[Sandbox, pb.PodSandboxStatus] = ItemCache(sandbox_status)
 
@@ -79,7 +86,15 @@ class SandboxRPCs:
     ) -> pb.PodSandboxStatusResponse:
         sb = self.sandboxes.get(request.pod_sandbox_id)
         info = self.sandboxes.verbose_info(sb) if request.verbose else {}
-        return pb.PodSandboxStatusResponse(status=self._sandbox_statuses.get(sb), info=info)
+        # The pod's container statuses as of `timestamp`: what the kubelet's evented PLEG
+        # reads instead of a ContainerStatus per container.
+        return pb.PodSandboxStatusResponse(
+            status=self._sandbox_statuses.get(sb), info=info,
+            containers_statuses=self._container_statuses.all(
+                [c for c in self.containers.of_sandbox(sb.id)
+                 if c.state != pb.CONTAINER_UNKNOWN]),
+            timestamp=time.time_ns(),
+        )
 
     @rpc
     async def ListPodSandbox(
@@ -90,3 +105,19 @@ class SandboxRPCs:
         return pb.ListPodSandboxResponse(
             items=self._sandbox_items.all(found)
         )
+
+    @rpc
+    async def UpdatePodSandboxResources(
+        self, request: pb.UpdatePodSandboxResourcesRequest, context: Ctx
+    ) -> pb.UpdatePodSandboxResourcesResponse:
+        await self.sandboxes.update_resources(
+            request.pod_sandbox_id,
+            request.overhead if request.HasField("overhead") else None,
+            request.resources if request.HasField("resources") else None,
+        )
+        return pb.UpdatePodSandboxResourcesResponse()
+
+    StreamPodSandboxes = streamed_list(
+        "StreamPodSandboxes", ListPodSandbox, pb.ListPodSandboxRequest, "items",
+        pb.StreamPodSandboxesResponse, "pod_sandboxes",
+    )

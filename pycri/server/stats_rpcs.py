@@ -7,6 +7,7 @@ import grpc
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager, ContainerUsage, PodUsage
 from pycri.server.errors import rpc
+from pycri.server.streamed import streamed_list
 from pycri.stats.cgroups import Pressure, Usage
 
 Ctx = grpc.aio.ServicerContext
@@ -130,6 +131,11 @@ class StatsRPCs:
             stats=[container_stats(u) for u in await self.containers.list_stats(flt)]
         )
 
+    StreamContainerStats = streamed_list(
+        "StreamContainerStats", ListContainerStats, pb.ListContainerStatsRequest, "stats",
+        pb.StreamContainerStatsResponse, "container_stats",
+    )
+
     @rpc
     async def PodSandboxStats(
         self, request: pb.PodSandboxStatsRequest, context: Ctx
@@ -146,3 +152,8 @@ class StatsRPCs:
         return pb.ListPodSandboxStatsResponse(
             stats=[pod_stats(p) for p in await self.containers.list_pod_stats(flt)]
         )
+
+    StreamPodSandboxStats = streamed_list(
+        "StreamPodSandboxStats", ListPodSandboxStats, pb.ListPodSandboxStatsRequest, "stats",
+        pb.StreamPodSandboxStatsResponse, "pod_sandbox_stats",
+    )

@@ -34,7 +34,8 @@ from typing import Any
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
-from pycri.api.api_pb2 import NODE
+from pycri.api.api_pb2 import CONTAINER, NODE, POD, TARGET
+from pycri.cdi import names as cdi_names
 from pycri.errors import InvalidArgument
 from pycri.oci.bindopts import option_problem
 
@@ -122,6 +123,14 @@ def _cgroup_parent(value: str) -> Problem:
     return _long_component(value)
 
 
+def _archive_path(value: str) -> Problem:
+    """A checkpoint archive's file: the daemon's working directory means nothing to a client."""
+    if value and not (value.startswith("/") and _normalised(value) and value != "/"):
+        return ("must be an absolute, normalised path naming a file (no '.', '..', '//' "
+                "or trailing '/')")
+    return _long_component(value)
+
+
 def _log_path(value: str) -> Problem:
     """Relative to the pod's log_directory, and staying inside it."""
     if not value:
@@ -186,6 +195,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("Mount", "mount_options"): Kind(max_len=32, check=option_problem),
     ("Device", "container_path"): PATH,
     ("Device", "host_path"): PATH,
+    # CDI device names: vendor.com/class=name (the CDI spec's syntax, cdi/names.py).
+    ("CDIDevice", "name"): Kind(max_len=1024, check=cdi_names.qualified_problem),
     ("PortMapping", "host_ip"): Kind(max_len=64, check=_ip),
     ("LinuxPodSandboxConfig", "cgroup_parent"): Kind(max_len=4096, check=_cgroup_parent),
     ("LinuxContainerSecurityContext", "readonly_paths"): PATH,
@@ -202,6 +213,11 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("AuthConfig", "auth"): FREE_TEXT,
     ("AuthConfig", "identity_token"): FREE_TEXT,
     ("AuthConfig", "registry_token"): FREE_TEXT,
+    # Checkpoint archives: files pycri writes or reads, so absolute paths naming a file.
+    ("CheckpointContainerRequest", "location"): Kind(max_len=4096, check=_archive_path),
+    ("CheckpointPodRequest", "output_path"): Kind(max_len=4096, check=_archive_path),
+    ("RestorePodRequest", "checkpoint_path"): Kind(max_len=4096, check=_archive_path),
+    ("CheckpointPodRequest", "container_ids"): ID,
 }
 ID_FIELDS = ("container_id", "pod_sandbox_id", "target_id")
 FILTERS_WITH_IDS = ("ContainerFilter", "PodSandboxFilter", "ContainerStatsFilter",
@@ -250,6 +266,7 @@ RANGES: dict[tuple[str, str], Check] = {
     ("PortForwardRequest", "port"): _between(1, 65535),
     ("StopContainerRequest", "timeout"): _NON_NEGATIVE,
     ("ExecSyncRequest", "timeout"): _NON_NEGATIVE,
+    ("CheckpointContainerRequest", "timeout"): _NON_NEGATIVE,
     ("LinuxContainerSecurityContext", "run_as_user"): _UID,
     ("LinuxContainerSecurityContext", "run_as_group"): _UID,
     ("LinuxContainerSecurityContext", "supplemental_groups"): _UID,
@@ -266,6 +283,7 @@ RANGES[("PodOverhead", "memory_limit_in_bytes")] = _NON_NEGATIVE
 # by, where it means something else there than its type does elsewhere.
 CHECKED_AS: dict[tuple[str, str], str] = {
     ("LinuxPodSandboxConfig", "overhead"): "PodOverhead",
+    ("UpdatePodSandboxResourcesRequest", "overhead"): "PodOverhead",
 }
 
 def _port_mapping(pm: Any) -> Problem:
@@ -303,6 +321,16 @@ def _device(d: Any) -> Problem:
         return "host_path: must name the host's device (or a directory of devices)"
     if _root(d.host_path) or _root(d.container_path):
         return "a device path may not be '/'"
+    return None
+
+
+def _cdi_annotations(config: Any) -> Problem:
+    """`cdi.k8s.io/<key>` annotations ask for CDI devices: comma-separated device names."""
+    for key, value in config.annotations.items():
+        if key.startswith(cdi_names.ANNOTATION_PREFIX):
+            for device in value.split(","):
+                if problem := cdi_names.qualified_problem(device):
+                    return f"annotations[{key[:64]!r}]: {problem}"
     return None
 
 
@@ -356,15 +384,78 @@ def _pod_resources(linux: Any) -> Problem:
 
 def _pod_linux(linux: Any) -> Problem:
     return _pod_sysctls(linux) or _pod_resources(linux)
+def _id_maps(where: str, maps: Any) -> Problem:
+    """IDs mapped past 2^32-1 would wrap; host ID 0 is the host's root."""
+    for i, m in enumerate(maps):
+        if not m.length:
+            return f"{where}[{i}].length: must be at least 1"
+        if m.host_id + m.length - 1 > UID_MAX or m.container_id + m.length - 1 > UID_MAX:
+            return f"{where}[{i}]: maps IDs past {UID_MAX}"
+        if m.host_id == 0:
+            return f"{where}[{i}].host_id: 0 would map the host's root into the pod"
+    return None
+
+
+def _userns(u: Any) -> Problem:
+    """What pycri can honour: the host's user namespace (NODE), or one for the pod (POD)
+    with one uid and one gid mapping that both map container ID 0, as the kubelet sends."""
+    if u.mode in (CONTAINER, TARGET):
+        return ("mode: a user namespace per container (CONTAINER, TARGET) is not "
+                "supported; use POD (one for the pod) or NODE (the host's)")
+    if u.mode == NODE:
+        return "uids: mappings need mode POD" if (u.uids or u.gids) else None
+    if len(u.uids) != 1 or len(u.gids) != 1:
+        return (f"mode POD needs exactly one uid and one gid mapping (got {len(u.uids)} and "
+                f"{len(u.gids)})")
+    if u.uids[0].container_id != 0 or u.gids[0].container_id != 0:
+        return "mode POD needs container ID 0 mapped (uids[0] and gids[0] must start at 0)"
+    if u.uids[0].length != u.gids[0].length:
+        return (f"uid and gid mappings must have the same shape (lengths {u.uids[0].length} "
+                f"and {u.gids[0].length})")
+    return _id_maps("uids", u.uids) or _id_maps("gids", u.gids)
+
+
+def _own_userns(ns: Any) -> bool:
+    return ns.HasField("userns_options") and ns.userns_options.mode == POD
+
+
+def _namespaces(ns: Any) -> Problem:
+    """A pod in its own user namespace cannot share the host's network, PID or IPC
+    namespace (Kubernetes forbids hostUsers: false with them)."""
+    if not _own_userns(ns):
+        return None
+    for name in ("network", "pid", "ipc"):
+        if getattr(ns, name) == NODE:
+            return f"{name}: a pod with its own user namespace cannot use the host's"
+    return None
+
+
+def _security_context(sc: Any) -> Problem:
+    if sc.privileged and _own_userns(sc.namespace_options):
+        return "privileged: not allowed with a user namespace (userns_options mode POD)"
+    return None
+
+
+def _mount_maps(m: Any) -> Problem:
+    if bool(m.uidMappings) != bool(m.gidMappings):
+        return "uidMappings: an idmapped mount needs both uidMappings and gidMappings"
+    return _id_maps("uidMappings", m.uidMappings) or _id_maps("gidMappings", m.gidMappings)
 
 
 # Message -> a check across its fields (after each field passed its own checks).
 MESSAGE_RULES: dict[str, Check] = {
     "PortMapping": _port_mapping,
-    "Mount": _mount,
+    "Mount": lambda m: _mount(m) or _mount_maps(m),
+    "UserNamespace": _userns,
+    "NamespaceOption": _namespaces,
+    "LinuxSandboxSecurityContext": _security_context,
+    "LinuxContainerSecurityContext": _security_context,
     "Device": _device,
+    "ContainerConfig": _cdi_annotations,
     "LinuxContainerResources": _resources,
     "LinuxPodSandboxConfig": _pod_linux,
+    # A pod resize takes what RunPodSandbox takes.
+    "UpdatePodSandboxResourcesRequest": _pod_resources,
 }
 
 # Request -> dotted paths that must be set for the RPC to mean anything.
@@ -372,6 +463,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "RunPodSandboxRequest": ("config.metadata.name", "config.metadata.namespace",
                              "config.metadata.uid"),
     "CreateContainerRequest": ("pod_sandbox_id", "config.metadata.name"),
+    "UpdatePodSandboxResourcesRequest": ("pod_sandbox_id",),
     "ExecSyncRequest": ("container_id", "cmd"),
     "ExecRequest": ("container_id", "cmd"),
     "AttachRequest": ("container_id",),
@@ -379,6 +471,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "PullImageRequest": ("image.image",),
     "ImageStatusRequest": ("image.image",),
     "RemoveImageRequest": ("image.image",),
+    "CheckpointContainerRequest": ("container_id", "location"),
+    "CheckpointPodRequest": ("pod_sandbox_id", "output_path"),
+    "RestorePodRequest": ("checkpoint_path",),
 }
 
 

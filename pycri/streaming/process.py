@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import socket
 import struct
@@ -35,6 +36,10 @@ START_TIMEOUT = 60.0
 # After the process exits, output still buffered is copied for at most this long
 # (a background child may keep the pipe or terminal open forever).
 DRAIN_GRACE = 2.0
+LOST_STATUS = 255
+"""The exit code reported for an exec'd process whose wait status nobody could get."""
+
+log = logging.getLogger(__name__)
 
 
 def set_winsize(fd: int, size: TerminalSize) -> None:
@@ -66,11 +71,19 @@ def _argv(runtime: OCIRuntime, cid: str, work: Path, tty: bool) -> list[str]:
     return [*argv, cid]
 
 
+Exit = tuple[int, asyncio.Future[int | None]]
+"""An exec'd process: its pid and `Reaper.watch`'s future of its wait status."""
+
+
 async def _start(
     runtime: OCIRuntime, cid: str, work: Path, tty: bool, stdio: tuple[int, int, int],
     reaper: Reaper,
-) -> int:
-    """Run the runtime until the process started; returns its pid, watched by `reaper`."""
+) -> Exit:
+    """Run the runtime until the process started; returns its pid and the watch on it.
+    The watch must be kept, not asked for again later: a process that exits at once
+    (`echo hello`) is reaped by the watch's pidfd callback on the next loop turn, say
+    while a tty exec still waits for its terminal, and the Reaper then forgets the pid,
+    so a second `watch` of it finds it gone and has no status to give."""
     # The process is re-parented to us before its pid file is read: not to be swept.
     with reaper.expecting():
         async with procs.slot():
@@ -94,16 +107,19 @@ async def _start(
                 detail = f"exited with status {rc}"
             raise runtime_failure(runtime.name, "exec", cid, detail)
         pid = int((work / "pid").read_text().strip())
-        reaper.watch(pid)
-        return pid
+        return pid, reaper.watch(pid)
 
 
-async def _wait(reaper: Reaper, pid: int) -> int:
-    """The exit code (128+signal when killed) of the exec'd process `pid`."""
-    status = await reaper.status(pid)
+async def _wait(process: Exit) -> int:
+    """The exit code (128+signal when killed) of the exec'd process."""
+    pid, exited = process
+    status = await asyncio.shield(exited)
     if status is None:
-        raise PycriError("the exec'd process was not re-parented to pycri; "
-                         "its exit status is unknown")  # fmt: skip
+        # Not our child after all (a runtime that re-parents it elsewhere): the stream
+        # still ends, with the code asyncio gives a child whose status was lost.
+        log.warning("exec'd process %d was not re-parented to pycri; its exit status "
+                    "is unknown, reported as %d", pid, LOST_STATUS)  # fmt: skip
+        return LOST_STATUS
     if os.WIFSIGNALED(status):
         return 128 + os.WTERMSIG(status)
     return os.waitstatus_to_exitcode(status)
@@ -125,11 +141,11 @@ async def _copy_in(source: ByteReader, fd: int) -> None:
         os.close(fd)
 
 
-async def _finish(reaper: Reaper, pid: int, outputs: list[asyncio.Task[None]],
+async def _finish(process: Exit, outputs: list[asyncio.Task[None]],
                   others: list[asyncio.Task[None]]) -> int:  # fmt: skip
     """Wait for the exit, let output drain briefly, then stop every copier."""
     try:
-        code = await _wait(reaper, pid)
+        code = await _wait(process)
         if outputs:
             await asyncio.wait(outputs, timeout=DRAIN_GRACE)
         return code
@@ -157,7 +173,7 @@ async def _run_pipes(
         theirs.append(child)
         stdio[slot] = child
     try:
-        pid = await _start(runtime, cid, work, False, (stdio[0], stdio[1], stdio[2]), reaper)
+        process = await _start(runtime, cid, work, False, (stdio[0], stdio[1], stdio[2]), reaper)
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -174,7 +190,7 @@ async def _run_pipes(
     sinks = [sink for sink in (io.stdout, io.stderr) if sink is not None]
     outputs += [asyncio.create_task(_copy_out(fd, s)) for fd, s in zip(readers, sinks, strict=True)]
     try:
-        return await _finish(reaper, pid, outputs, others)
+        return await _finish(process, outputs, others)
     finally:
         for fd in readers:
             os.close(fd)
@@ -211,7 +227,7 @@ async def _run_tty(
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         try:
-            pid = await _start(runtime, cid, work, True, (devnull, devnull, devnull), reaper)
+            process = await _start(runtime, cid, work, True, (devnull, devnull, devnull), reaper)
         finally:
             os.close(devnull)
         # Without its terminal the process still ends (and is reaped) on its own.
@@ -234,6 +250,6 @@ async def _run_tty(
         writer = os.dup(master)
         others.append(asyncio.create_task(_copy_in(io.stdin, writer)))
     try:
-        return await _finish(reaper, pid, outputs, others)
+        return await _finish(process, outputs, others)
     finally:
         os.close(master)

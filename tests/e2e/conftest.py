@@ -56,6 +56,11 @@ class Node:
     def log_dir(self) -> Path:
         return self.tmp / "pod-logs"
 
+    @property
+    def nri_socket(self) -> str:
+        """Where NRI plugins connect to this node (enabled, with no plugin, by default)."""
+        return str(self.tmp / "nri" / "nri.sock")
+
     def restart(self, sig: int = signal.SIGTERM) -> None:
         self.cri.channel.close()
         if sig == signal.SIGKILL:
@@ -203,6 +208,9 @@ def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
         f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
         f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
+        f'[nri]\nsocket_path = "{tmp_path / "nri" / "nri.sock"}"\n'
+        f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
+        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
     )
     proc = PycriProcess(root=tmp_path / "root", state=tmp_path / "state",
                         socket=tmp_path / "state" / "pycri.sock", config=config,

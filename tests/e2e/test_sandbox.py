@@ -385,3 +385,21 @@ def test_a_client_that_gives_up_does_not_leave_a_half_stopped_pod(node: Node) ->
     assert host_local_leases(node) == []
     assert not [r for r in subprocess.run(["iptables-save", "-t", "nat"], capture_output=True,
                                           text=True).stdout.splitlines() if sid in r]
+
+
+def test_pod_status_carries_its_containers_statuses_and_a_timestamp(node: Node) -> None:
+    """What the kubelet's evented PLEG reads from PodSandboxStatus: the statuses of the
+    pod's containers (the same as ContainerStatus answers) as of `timestamp` (ns)."""
+    sid, cfg = node.run_pod("pod-with-statuses")
+    other_sid, other_cfg = node.run_pod("other-pod")
+    running = node.run(sid, cfg, "running", ["sleep", "3600"])
+    created = node.create(sid, cfg, "created", ["true"])
+    node.create(other_sid, other_cfg, "elsewhere", ["true"])
+    before = time.time_ns()
+    resp = node.cri.runtime.PodSandboxStatus(pb.PodSandboxStatusRequest(pod_sandbox_id=sid))
+    assert before <= resp.timestamp <= time.time_ns()
+    got = {s.id: s for s in resp.containers_statuses}
+    assert set(got) == {running, created}
+    assert got[running].state == pb.CONTAINER_RUNNING
+    assert got[created].state == pb.CONTAINER_CREATED
+    assert got[running] == node.status(running)

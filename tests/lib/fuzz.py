@@ -952,7 +952,8 @@ def start_node(tmp: Path, image: str, registry: str, bridge: str, subnet: str) -
     config.write_text(
         f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
         f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
-        f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n')
+        f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n'
+        f'[nri]\nsocket_path = "{tmp / "nri.sock"}"\nplugin_path = "{tmp / "nri-plugins"}"\n')
     proc = PycriProcess(root=tmp / "root", state=tmp / "state", socket=tmp / "state" / "p.sock",
                         config=config, log=tmp / "pycri.log")
     proc.start()

@@ -74,6 +74,55 @@ def test_exec_streams_exit_codes_and_tty(node: Node, handler: str) -> None:
     assert "no/such/binary" in str(out.status["message"])
 
 
+@pytest.mark.parametrize("handler", ["runc", "crun"])
+def test_tty_exec_of_an_instant_command_reports_its_exit(node: Node, handler: str) -> None:
+    """critest's `exec with tty=true and stdin=true` (`echo hello`): the process exits
+    and is reaped while pycri still waits for the terminal from the console socket, so
+    its exit status must already be kept then; many rounds, since it is a race."""
+    cfg = node.pod_config(f"tty-race-{handler}")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=cfg, runtime_handler=handler)).pod_sandbox_id
+    cid = node.run(sid, cfg, "box", SLEEP)
+    got, want, statuses = [], [], []
+    for i in range(24):
+        code = i % 2 * 5  # a zero and a non-zero exit code, each reported right
+        cmd = ["sh", "-c", f"echo hello; exit {code}"] if code else ["echo", "hello"]
+        url = exec_url(node, cid, cmd, tty=True, stdin=True, stdout=True)
+        out = asyncio.run(client.run(url, stdin=b"", tty=True, close_stdin=False))
+        statuses.append(out.status)
+        got.append((out.stdout.strip(), out.status["status"], out.status.get("details")))
+        want.append((b"hello", "Failure", {"causes": [{"reason": "ExitCode", "message": "5"}]})
+                    if code else (b"hello", "Success", None))  # fmt: skip
+    assert got == want, statuses
+
+
+# runc, but an exec's pid file then names a process already reaped: its status is lost.
+LOST_PID = """#!/bin/sh
+/usr/sbin/runc "$@" || exit
+case " $* " in *" exec "*) ;; *) exit 0;; esac
+prev=
+for arg; do [ "$prev" = --pid-file ] && pidfile=$arg; prev=$arg; done
+true & wait $!
+echo $! > "$pidfile"
+"""
+
+
+def test_exec_whose_exit_status_is_lost_still_ends(node: Node) -> None:
+    """When the exec'd process's wait status cannot be had, the stream still ends, with
+    exit code 255 (asyncio's for a lost status), not an internal error."""
+    node.add_runtime("lostpid", LOST_PID)
+    cfg = node.pod_config("lost-status")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=cfg, runtime_handler="lostpid")).pod_sandbox_id
+    cid = node.run(sid, cfg, "box", SLEEP)
+    for tty in (True, False):
+        url = exec_url(node, cid, ["echo", "hello"], tty=tty, stdout=True)
+        out = asyncio.run(client.run(url, tty=tty, stderr=False))
+        assert out.status["status"] == "Failure", out.status
+        assert out.status["details"] == {"causes": [{"reason": "ExitCode", "message": "255"}]}
+        assert out.stdout.strip() == b"hello"
+
+
 def test_exec_and_attach_validation(node: Node) -> None:
     sid, cfg = node.run_pod("valid")
     cid = node.run(sid, cfg, "box", SLEEP)

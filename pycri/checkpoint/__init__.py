@@ -1,0 +1,1 @@
+"""Checkpoint/restore of containers with CRIU (CheckpointContainer, CheckpointPod, RestorePod)."""
