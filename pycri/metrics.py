@@ -2,8 +2,8 @@
 (those are server/metrics_rpcs.py).
 
 Counters and histograms live here, in one registry, and are fed where every call of
-their kind passes (the `rpc` wrapper, `OCIRuntime.run`, `run_plugin`, the image pull):
-one observe per call, no lock held across an await. Pods, containers, conmons and
+their kind passes (the `rpc` wrapper, `OCIRuntime.run`, `run_plugin`, `PluginLink.call`,
+the image pull): one observe per call, no lock held across an await. Pods, containers, conmons and
 streaming sessions are counted only when scraped, from the daemon's in-memory records
 (`StateCollector`), so the CRI path does no bookkeeping for them. The endpoint is
 prometheus_client's HTTP server in its own thread: a scrape never waits on the loop.
@@ -65,6 +65,14 @@ CNI_SECONDS = Histogram(
 CNI_ERRORS = Counter(
     "pycri_cni_plugin_errors_total", "CNI plugin calls that failed or timed out",
     ["plugin", "command"], registry=REGISTRY,
+)  # fmt: skip
+NRI_SECONDS = Histogram(
+    "pycri_nri_plugin_duration_seconds", "NRI plugin calls by plugin and method",
+    ["plugin", "method"], buckets=_CALL_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
+NRI_ERRORS = Counter(
+    "pycri_nri_plugin_errors_total", "NRI plugin calls that failed or timed out",
+    ["plugin", "method"], registry=REGISTRY,
 )  # fmt: skip
 PULL_SECONDS = Histogram(
     "pycri_image_pull_duration_seconds", "Image pulls, failed ones included",
