@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
+import functools
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import click
 
 from pycri import __version__
 from pycri.config import Config, ConfigError, load, to_toml, validate
+from pycri.logs import setup_logging
 
 # Exit status for a configuration error, so scripts can tell it from a crash.
 EXIT_CONFIG = 2
@@ -41,38 +41,20 @@ def _config_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def _checked(config_path: Path | None, check_binaries: bool, overrides: dict[str, Any]) -> Config:
+    """Load and validate; raises ConfigError (also what `serve` reloads with on SIGHUP)."""
+    cfg = load(config_path, overrides)
+    validate(cfg, check_binaries=check_binaries)
+    return cfg
+
+
 def _load(config_path: Path | None, check_binaries: bool, **overrides: Any) -> Config:
     try:
-        cfg = load(config_path, overrides)
-        validate(cfg, check_binaries=check_binaries)
+        cfg = _checked(config_path, check_binaries, overrides)
     except ConfigError as e:
         click.echo(f"pycri: config: {e}", err=True)
         sys.exit(EXIT_CONFIG)
     return cfg
-
-
-class _JSONFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def _setup_logging(cfg: Config) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if cfg.log_format == "json":
-        handler.setFormatter(_JSONFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(cfg.log_level.upper())
 
 
 @click.group()
@@ -88,9 +70,9 @@ def serve(config_path: Path | None, **overrides: Any) -> None:
     from pycri.daemon import Daemon, DaemonError
 
     cfg = _load(config_path, check_binaries=True, **overrides)
-    _setup_logging(cfg)
+    setup_logging(cfg)
     try:
-        asyncio.run(Daemon(cfg).run())
+        asyncio.run(Daemon(cfg, functools.partial(_checked, config_path, True, overrides)).run())
     except DaemonError as e:
         click.echo(f"pycri: {e}", err=True)
         sys.exit(1)

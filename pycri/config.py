@@ -163,6 +163,8 @@ class Config:
     streaming_address: str = "127.0.0.1:0"
     # Clamp containers' oom_score_adj to the daemon's own (root lacks CAP_SYS_RESOURCE here).
     restrict_oom_score_adj: bool = True
+    # Prometheus /metrics on host:port (e.g. "127.0.0.1:9090"); empty: no endpoint.
+    metrics_address: str = ""
     runtimes: dict[str, RuntimeHandler] = field(
         default_factory=lambda: {
             "runc": RuntimeHandler(path="/usr/sbin/runc"),
@@ -301,6 +303,11 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
     for key in ("socket_path", "plugin_path", "plugin_config_path"):
         if not os.path.isabs(getattr(cfg.nri, key)):
             raise ConfigError(f"nri.{key}: must be an absolute path")
+    if cfg.metrics_address:
+        host, sep, port = cfg.metrics_address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"metrics_address: {cfg.metrics_address!r} is not host:port "
+                              "(port 1-65535)")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.

@@ -21,18 +21,20 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from pycri import malloc, procs
+from pycri import malloc, metrics, procs, reload
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
-from pycri.config import Config
+from pycri.config import Config, ConfigError
 from pycri.container.manager import ContainerManager
 from pycri.events import EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
+from pycri.logs import setup_logging
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
 from pycri.nri import adjust
@@ -96,17 +98,25 @@ def _claim_socket(path: Path) -> None:
 class Daemon:
     """Owns the store, the domain components and the gRPC server."""
 
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, loader: Callable[[], Config] | None = None) -> None:
+        """`loader` reads and validates the config again (SIGHUP); raises ConfigError."""
         self.cfg = cfg
+        self._loader = loader
+        self._reloading = asyncio.Lock()
+        self._collector: metrics.StateCollector | None = None
         self.store: Store | None = None
         self.server: grpc.aio.Server | None = None
         self.images: ImageManager | None = None
         self.reaper: Reaper | None = None
         self.launcher: Launcher | None = None
+        self.cni: CNIManager | None = None
+        self.node: NodeStatus | None = None
+        self.sandboxes: SandboxManager | None = None
         self.streaming: StreamingServer | None = None
         self.nri: Adaptation | None = None
         self._nri_socket: Path | None = None
         self._lock_fd: int | None = None
+        self._stop_metrics: Callable[[], None] | None = None
         self.proxy: SocketProxy | None = None
         # Under socket activation gRPC listens privately and the relay serves the
         # inherited listener; otherwise gRPC listens on the configured path itself.
@@ -141,7 +151,7 @@ class Daemon:
         pinned = [cfg.pause_image] if cfg.pause_image else []
         self.images = images = ImageManager(root, cfg.images, store, pinned)
         images.recover()
-        cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
+        self.cni = cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
         bus = EventBus()
         self.nri = nri = Adaptation(cfg.nri)
@@ -155,9 +165,7 @@ class Daemon:
         # are picked up by recover() from the exit files themselves.
         launcher.watch()
         # What user-namespaced pods can run with is probed while recovery runs (~0.1 s).
-        probe = asyncio.ensure_future(userns.probe(
-            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime, root,
-            mounts.open_rootfs_area(cfg.state)))
+        probe = asyncio.ensure_future(self._probe_userns())
         try:
             await sandboxes.recover()
             await containers.recover()
@@ -169,7 +177,8 @@ class Daemon:
                      support.kernel_problem)
         if cfg.nri.enable:
             await self._start_nri(nri, sandboxes, containers, launcher)
-        node = NodeStatus(cfg, store, cni.status, support)
+        self.node = node = NodeStatus(cfg, store, cni.status, support)
+        self.sandboxes = sandboxes
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
@@ -179,6 +188,14 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
+        self._collector = metrics.StateCollector(sandboxes, containers, launcher, streaming)
+        metrics.REGISTRY.register(self._collector)  # computes nothing until scraped
+        if cfg.metrics_address:
+            try:
+                self._stop_metrics = metrics.serve(cfg.metrics_address)
+            except OSError as e:
+                raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
+            log.info("metrics on http://%s/metrics", cfg.metrics_address)
         sock = self._grpc_socket
         _claim_socket(sock)
         server = grpc.aio.server(
@@ -264,6 +281,12 @@ class Daemon:
         if self._nri_socket is not None:
             self._nri_socket.unlink(missing_ok=True)
             self._nri_socket = None
+        if self._stop_metrics is not None:
+            await asyncio.to_thread(self._stop_metrics)  # waits for its serving thread
+            self._stop_metrics = None
+        if self._collector is not None:
+            metrics.REGISTRY.unregister(self._collector)
+            self._collector = None
         if self.streaming is not None:
             await self.streaming.stop()
             self.streaming = None
@@ -283,12 +306,84 @@ class Daemon:
             os.close(self._lock_fd)
             self._lock_fd = None
 
+    async def reload(self) -> None:
+        """SIGHUP: take the keys pycri can change live (reload.py) from the config file,
+        all or nothing. Running pods and containers are not touched; one line says what
+        changed, or which key made the new file unacceptable."""
+        if self._loader is None:
+            return
+        async with self._reloading:
+            try:
+                new = await asyncio.to_thread(self._loader)
+                changed = reload.changed_keys(self.cfg, new)
+                reload.check(self.cfg, new, changed)
+                if "metrics_address" in changed:
+                    await self._move_metrics(new.metrics_address)
+            except (ConfigError, DaemonError) as e:
+                log.error("config reload refused, the running config stays: %s", e)
+                return
+            cfg = self.cfg
+            cfg.log_level, cfg.log_format = new.log_level, new.log_format
+            setup_logging(cfg)
+            cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
+            if self.launcher is not None:
+                self.launcher.set_runtimes()
+            if any(k == "default_runtime" or k.startswith("runtimes.") for k in changed):
+                await self._reprobe_userns()
+            # Read by the next pull (ImageManager shares this ImagesConfig).
+            cfg.images.registries_conf = new.images.registries_conf
+            cfg.images.registries_conf_dir = new.images.registries_conf_dir
+            cfg.pause_image = new.pause_image  # read by the next RunPodSandbox
+            if self.images is not None:
+                self.images.set_pinned([cfg.pause_image] if cfg.pause_image else [])
+            cfg.cni.conf_dir, cfg.cni.bin_dirs = new.cni.conf_dir, new.cni.bin_dirs
+            cfg.cni.plugin_timeout = new.cni.plugin_timeout
+            if self.cni is not None:
+                self.cni.reconfigure(cfg.cni)
+            log.info("config reloaded: %s", ", ".join(changed) or "nothing changed")
+
+    async def _probe_userns(self) -> userns.Support:
+        cfg = self.cfg
+        return await userns.probe(
+            {name: h.path for name, h in cfg.runtimes.items()}, cfg.default_runtime,
+            Path(cfg.root), mounts.open_rootfs_area(cfg.state))
+
+    async def _reprobe_userns(self) -> None:
+        """What the reloaded handlers support (Status, and the pods run from now on)."""
+        support = await self._probe_userns()
+        if self.sandboxes is not None:
+            self.sandboxes.userns_support = support
+        if self.node is not None:
+            self.node.set_userns(support)
+
+    async def _move_metrics(self, address: str) -> None:
+        """Serve metrics on `address` (empty: nowhere); the old endpoint closes only once
+        the new one listens, so a refused address changes nothing."""
+        start = None
+        if address:
+            try:
+                start = await asyncio.to_thread(metrics.serve, address)
+            except OSError as e:
+                raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
+        if self._stop_metrics is not None:
+            await asyncio.to_thread(self._stop_metrics)
+        self._stop_metrics = start
+        self.cfg.metrics_address = address
+
     async def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        reloads: set[asyncio.Task[None]] = set()
+
+        def hup() -> None:
+            task = loop.create_task(self.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        loop.add_signal_handler(signal.SIGHUP, hup)
         notifier = Notifier()
         try:
             await self.start()

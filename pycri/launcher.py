@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pycri import metrics
 from pycri.config import Config
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.monitor import conmon
@@ -36,10 +37,9 @@ class Launcher:
     def __init__(self, cfg: Config, reaper: Reaper) -> None:
         self.cfg = cfg
         self.reaper = reaper
-        self.runtimes = {
-            name: OCIRuntime(name, h.path, cfg.runtime_root(name), h.timeout)
-            for name, h in cfg.runtimes.items()
-        }
+        self.runtimes: dict[str, OCIRuntime] = {}
+        self._retired: dict[str, OCIRuntime] = {}  # handlers a reload dropped
+        self.set_runtimes()
         state = Path(cfg.state)
         self.exit_dir = state / "exits"
         self.bundles = state / "bundles"
@@ -49,6 +49,19 @@ class Launcher:
         self._monitors: dict[str, asyncio.Task[None]] = {}  # oid -> watch on its conmon
 
     # -- setup -------------------------------------------------------------------
+
+    def set_runtimes(self) -> None:
+        """(Re)build the handlers from `cfg.runtimes` (at start and on reload). A dropped
+        handler stays known to `runtime()`: the pods it runs must still stop and go."""
+        for name, rt in self.runtimes.items():
+            if name not in self.cfg.runtimes:
+                self._retired[name] = rt
+        self.runtimes = {
+            name: OCIRuntime(name, h.path, self.cfg.runtime_root(name), h.timeout)
+            for name, h in self.cfg.runtimes.items()
+        }
+        for name in self.runtimes:
+            self._retired.pop(name, None)
 
     def watch(self) -> None:
         """Watch the exit dir; exits that happened while pycri was down are reported too,
@@ -100,6 +113,8 @@ class Launcher:
 
     def runtime(self, handler: str) -> OCIRuntime:
         """The runtime of an existing object (no install check: it must stay removable)."""
+        if handler in self._retired:
+            return self._retired[handler]
         return self.runtimes[self._name(handler)]
 
     def bundle_dir(self, oid: str) -> Path:
@@ -130,19 +145,22 @@ class Launcher:
         try:
             (bundle / "config.json").write_text(json.dumps(spec))
             self._exited.pop(oid, None)
-            created = await conmon.create(
-                oid,
-                bundle,
-                runtime=self.runtime(handler),
-                log_path=log_path,
-                exit_dir=self.exit_dir,
-                persist_dir=self.persist_dir(oid),
-                tty=tty,
-                stdin=stdin,
-                stdin_once=stdin_once,
-                conmon=self.cfg.conmon,
-                reaper=self.reaper,
-            )
+            runtime = self.runtime(handler)
+            with metrics.timed(metrics.RUNTIME_SECONDS.labels(runtime.name, "create"),
+                               metrics.RUNTIME_ERRORS.labels(runtime.name, "create")):  # fmt: skip
+                created = await conmon.create(
+                    oid,
+                    bundle,
+                    runtime=runtime,
+                    log_path=log_path,
+                    exit_dir=self.exit_dir,
+                    persist_dir=self.persist_dir(oid),
+                    tty=tty,
+                    stdin=stdin,
+                    stdin_once=stdin_once,
+                    conmon=self.cfg.conmon,
+                    reaper=self.reaper,
+                )
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
@@ -188,12 +206,16 @@ class Launcher:
     async def _kill_unmonitored(self, oid: str) -> None:
         """SIGKILL everything of `oid` through whichever runtime knows it, and reap its
         process: with conmon gone it was re-parented to us (a subreaper)."""
-        for runtime in self.runtimes.values():
+        for runtime in [*self.runtimes.values(), *self._retired.values()]:
             if (runtime.root / oid).exists():
                 await runtime.kill(oid, signal.SIGKILL, all_processes=True)
         pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
         if pid:
             await self.reaper.wait(pid, 10.0)
+
+    def monitors_running(self) -> int:
+        """How many conmons are being watched now (the metrics' conmon count)."""
+        return sum(1 for t in list(self._monitors.values()) if not t.done())
 
     def monitor_alive(self, oid: str) -> bool:
         """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),

@@ -48,8 +48,12 @@ class NodeStatus:
         self.network = network
         # pycri stages recursively read-only mounts itself; it needs mount_setattr(2).
         self.recursive_read_only = recursive_readonly_supported()
-        # Probed once at start (pycri.oci.userns.probe): by handler, can pods run in
-        # their own user namespace?
+        self.user_namespaces: dict[str, bool] = {}
+        self.set_userns(userns)
+
+    def set_userns(self, userns: Support | None) -> None:
+        """By handler, can pods run in their own user namespace? Probed at start and
+        again when a reload changes the handlers (pycri.oci.userns.probe)."""
         self.user_namespaces = {
             name: userns is not None and userns.problem(name) is None
             for name in self.handlers()

@@ -173,3 +173,16 @@ def test_cli_config_prints_effective_toml() -> None:
         check=True,
     )
     assert tomllib.loads(out.stdout)["root"] == "/srv/pycri"
+
+
+@pytest.mark.parametrize("address", ["9090", ":9090", "127.0.0.1:0", "127.0.0.1:70000",
+                                     "localhost:http"])
+def test_metrics_address_must_be_host_and_port(address: str) -> None:
+    cfg = Config(metrics_address=address)
+    with pytest.raises(ConfigError, match=r"metrics_address: .* is not host:port"):
+        validate(cfg, check_binaries=False)
+
+
+def test_metrics_are_off_by_default() -> None:
+    assert Config().metrics_address == ""
+    validate(Config(metrics_address="[::1]:9090"), check_binaries=False)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
 from typing import Any
 
-from pycri import errors, malloc
+from pycri import errors, malloc, metrics
 from pycri.config import ImagesConfig
 from pycri.image import reference, schema
 from pycri.image.auth import Auth
@@ -121,10 +121,8 @@ class ImageManager:
         self._sem = asyncio.Semaphore(cfg.max_concurrent_downloads)
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._held: Counter[str] = Counter()
-        self._pinned = set()
-        for ref in pinned:
-            with contextlib.suppress(errors.InvalidArgument):
-                self._pinned.add(str(reference.parse(ref)))
+        self._pinned: set[str] = set()
+        self.set_pinned(pinned)
         self._by_ref: dict[str, str] = {}
         self._warned: set[str] = set()  # records already reported as unreadable
         self._reindex()
@@ -198,6 +196,15 @@ class ImageManager:
         rec = self._store.get(IMAGE, iid) if iid else None
         return self._image(iid, rec) if iid and rec else None
 
+    def set_pinned(self, refs: Iterable[str]) -> None:
+        """The images the config names (the pause image): reported pinned to the kubelet,
+        so its image GC leaves them; replaced on reload."""
+        pinned = set()
+        for ref in refs:
+            with contextlib.suppress(errors.InvalidArgument):
+                pinned.add(str(reference.parse(ref)))
+        self._pinned = pinned
+
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:
             img = self.status(ref)
@@ -216,6 +223,10 @@ class ImageManager:
 
     async def pull(self, ref: str, auth: Auth | None = None) -> str:
         """Fetch, verify and unpack `ref`; returns the image ID (config digest)."""
+        with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
+            return await self._pull(ref, auth)
+
+    async def _pull(self, ref: str, auth: Auth | None) -> str:
         r = reference.parse(ref)
         if auth is not None:
             auth.basic()  # a malformed `auth` field fails before any network traffic

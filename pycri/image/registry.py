@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager
 
 import httpx
 
-from pycri import errors
+from pycri import errors, metrics
 from pycri.config import ImagesConfig
 from pycri.image.auth import Auth, parse_challenge
 from pycri.image.content import BlobWriter, DigestMismatch
@@ -247,6 +247,7 @@ class RegistryClient:
                 _check_status(resp, what)
                 async for chunk in resp.aiter_raw(CHUNK):
                     dog.progress()
+                    metrics.PULL_BYTES.inc(len(chunk))
                     # Hashing and writing 1 MiB releases the GIL: do it off the event loop.
                     await asyncio.to_thread(w.write, chunk)
         except httpx.TimeoutException as e:

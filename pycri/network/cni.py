@@ -255,6 +255,14 @@ class CNIManager:
 
     # -- configuration -------------------------------------------------------------
 
+    def reconfigure(self, cfg: CNIConfig) -> None:
+        """Take new conf/bin dirs and plugin timeout (reload); the network is re-read
+        before the next pod. Existing pods tear down with the config cached at their ADD."""
+        self.conf_dir = Path(cfg.conf_dir)
+        self.bin_dirs = list(cfg.bin_dirs)
+        self.plugin_timeout = cfg.plugin_timeout
+        self._signature = None
+
     def network(self) -> NetworkConfig | None:
         """The network new pods join; re-read when the conf dir changed."""
         sig = conf.dir_signature(self.conf_dir)

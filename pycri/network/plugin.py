@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from pycri import procs
+from pycri import metrics, procs
 from pycri.errors import Unavailable
 
 # Plugin output is a small JSON document; anything bigger is a broken plugin.
@@ -90,15 +90,18 @@ async def run_plugin(
     binary: str, plugin: str, call: Invocation, stdin: dict[str, Any], timeout: float
 ) -> dict[str, Any] | None:
     """Exec `binary`; return its parsed result for ADD, None for DEL. Raises CNIPluginError."""
+    failures = metrics.CNI_ERRORS.labels(plugin, call.command)
     try:  # on a timeout or cancellation the plugin and its children are killed
-        rc, out, err = await procs.run([binary], stdin=json.dumps(stdin).encode(),
-                                       timeout=timeout, env=call.env())  # fmt: skip
+        with metrics.timed(metrics.CNI_SECONDS.labels(plugin, call.command), failures):
+            rc, out, err = await procs.run([binary], stdin=json.dumps(stdin).encode(),
+                                           timeout=timeout, env=call.env())  # fmt: skip
     except TimeoutError:
         msg = f"no answer within {timeout:g}s, killed (the limit is cni.plugin_timeout)"
         raise CNIPluginError(plugin, call.command, msg) from None
     if len(out) > _MAX_OUTPUT:
         raise CNIPluginError(plugin, call.command, "output larger than 1 MiB")
     if rc != 0:
+        failures.inc()
         raise _error_from_output(plugin, call.command, rc, out, err)
     if call.command != "ADD":
         return None

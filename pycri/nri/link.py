@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar
 import grpc
 from google.protobuf.message import DecodeError, Message
 
+from pycri import metrics
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.mux import PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Wire
 from pycri.nri.ttrpc import Handler, TTRPCError
@@ -129,8 +130,10 @@ class PluginLink:
         """One Plugin-service call; raises NRIPluginError (its `timed_out` says whether
         the plugin let `timeout` pass, in which case the caller decides its fate)."""
         try:
-            data = await self._wire.call(PLUGIN_SERVICE, method, request.SerializeToString(),
-                                         timeout)
+            with metrics.timed(metrics.NRI_SECONDS.labels(self.name, method),
+                               metrics.NRI_ERRORS.labels(self.name, method)):  # fmt: skip
+                data = await self._wire.call(PLUGIN_SERVICE, method,
+                                             request.SerializeToString(), timeout)
         except TTRPCError as e:
             raise NRIPluginError(self.name, method, e.code, e.message) from None
         try:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pycri import procs
+from pycri import metrics, procs
 from pycri.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -133,9 +133,15 @@ class OCIRuntime:
         child left holding the output pipes would keep `wait()` from ever returning.
         """
         limit = self.timeout if timeout is None else timeout
+        action = args[0] if args else ""
         try:
-            return await procs.run([self.path, *self.global_args, *args], stdin=stdin,
-                                   timeout=limit)  # fmt: skip
+            with metrics.timed(metrics.RUNTIME_SECONDS.labels(self.name, action),
+                               metrics.RUNTIME_ERRORS.labels(self.name, action)):  # fmt: skip
+                rc, out, err = await procs.run([self.path, *self.global_args, *args],
+                                               stdin=stdin, timeout=limit)  # fmt: skip
+                if rc != 0:
+                    metrics.RUNTIME_ERRORS.labels(self.name, action).inc()
+                return rc, out, err
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{self.name} {' '.join(args)}: no answer within {limit:g}s, killed "

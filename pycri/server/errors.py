@@ -10,12 +10,14 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar, overload
 
 import grpc
 
-from pycri import errors
+from pycri import errors, metrics
+from pycri.server import oplog
 from pycri.server.validate import check_request
 
 log = logging.getLogger("pycri.rpc")
@@ -49,7 +51,8 @@ def rpc(*, shield: bool) -> Callable[[Handler[R]], Handler[R]]: ...
 def rpc(
     fn: Handler[R] | None = None, /, *, shield: bool = True
 ) -> Handler[R] | Callable[[Handler[R]], Handler[R]]:
-    """Wrap a servicer method: validate the request, log it, map domain errors to codes.
+    """Wrap a servicer method: validate the request, map domain errors to codes, time it
+    (metrics.py) and log a state-changing call's outcome (oplog.py).
 
     The work runs shielded from the caller: a client that gives up (deadline, ^C)
     cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
@@ -64,22 +67,39 @@ def rpc(
 
 def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
     name = fn.__name__
+    latency = metrics.RPC_SECONDS.labels(name)  # resolved once, not per call
+    audited = oplog.changes_state(name)
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
+        t0 = time.perf_counter()
         log.debug("%s %s", name, _short(request))
+        subject = oplog.subject(self, request) if audited else None
+        code, error, response = "OK", "", None
         work = asyncio.ensure_future(checked(fn, self, request, context))
         try:
-            return await (asyncio.shield(work) if shield else work)
+            response = await (asyncio.shield(work) if shield else work)
+            return response
         except asyncio.CancelledError:
+            code, error = "CANCELLED", "the client went away"
             if shield and not work.done():
                 log.info("%s: the client went away; finishing the call anyway", name)
                 work.add_done_callback(functools.partial(_finished_alone, name))
             raise
-        except grpc.aio.AbortError:
+        except grpc.aio.AbortError:  # the handler aborted with its own code
+            aborted = context.code()
+            code = aborted.name if isinstance(aborted, grpc.StatusCode) else "UNKNOWN"
             raise
         except Exception as e:
-            await _abort(name, e, context)
+            code, error = _outcome(e)
+            await _abort(name, e, context, quiet=audited)  # oplog's line says it all
+        finally:
+            seconds = time.perf_counter() - t0
+            latency.observe(seconds)
+            if code != "OK":
+                metrics.RPC_ERRORS.labels(name, code).inc()
+            if subject is not None:
+                oplog.done(name, subject, response, seconds, code, error)
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
@@ -109,10 +129,20 @@ def stream_rpc(fn: StreamHandler[R]) -> StreamHandler[R]:
     return wrapper
 
 
-async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext) -> None:
-    """End the call with the status of `e`: its code for a domain error, else INTERNAL."""
+def _outcome(e: Exception) -> tuple[str, str]:
+    """The gRPC code name and message a failed call ends with."""
     if isinstance(e, errors.PycriError):
-        log.info("%s failed: %s", name, e)
+        return status_code(e).name, str(e)
+    return "INTERNAL", f"{type(e).__name__}: {e}"
+
+
+async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext,
+                 quiet: bool = False) -> None:  # fmt: skip
+    """End the call with the status of `e`: its code for a domain error, else INTERNAL.
+    `quiet`: the domain error is logged by the caller (an unexpected one always is)."""
+    if isinstance(e, errors.PycriError):
+        if not quiet:
+            log.info("%s failed: %s", name, e)
         await context.abort(status_code(e), str(e))
     log.exception("%s: unexpected error", name)
     await context.abort(grpc.StatusCode.INTERNAL, f"{name}: {type(e).__name__}: {e}")

@@ -129,6 +129,10 @@ class StreamingServer:
         self._room = asyncio.Event()
         self._warn = RateLimitedLog(log)
 
+    def active_sessions(self) -> int:
+        """Connections past their upgrade: exec, attach and port-forward sessions."""
+        return max(0, len(self._sessions) - sum(self._pending.values()))
+
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:

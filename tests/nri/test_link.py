@@ -11,6 +11,7 @@ import grpc
 import pytest
 from google.protobuf.message import Message
 
+from pycri import metrics
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.link import (
     PLUGIN_SERVICE,
@@ -107,6 +108,18 @@ async def test_register_configure_and_events_in_order(linked: Linked) -> None:
 async def test_plugin_errors_and_timeouts(linked: Linked) -> None:
     plugin = NRIPlugin("bad", "20")
     link: PluginLink = await linked(Runtime(), plugin)
+
+    def errors(method: str) -> float:
+        labels = {"plugin": link.name, "method": method}
+        return metrics.REGISTRY.get_sample_value("pycri_nri_plugin_errors_total",
+                                                 labels) or 0.0  # fmt: skip
+
+    def calls(method: str) -> float:
+        labels = {"plugin": link.name, "method": method}
+        return metrics.REGISTRY.get_sample_value("pycri_nri_plugin_duration_seconds_count",
+                                                 labels) or 0.0  # fmt: skip
+
+    before = {m: (calls(m), errors(m)) for m in ("CreateContainer", "StopContainer")}
     plugin.errors["CreateContainer"] = "refused by policy"
     with pytest.raises(NRIPluginError) as e:
         await link.call("CreateContainer", api.CreateContainerRequest(),
@@ -122,6 +135,9 @@ async def test_plugin_errors_and_timeouts(linked: Linked) -> None:
         await link.call("NoSuchMethod", api.Empty(), api.Empty, 5)
     assert e.value.code == grpc.StatusCode.UNIMPLEMENTED
     assert not link.closed.is_set()  # errors and timeouts are the adaptation's to judge
+    # Each call is timed and, failed or timed out, counted (pycri_nri_plugin_*).
+    for m, (n, failed) in before.items():
+        assert (calls(m), errors(m)) == (n + 1, failed + 1), m
 
 
 async def test_unsolicited_update_containers(linked: Linked) -> None:
