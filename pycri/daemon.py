@@ -11,6 +11,7 @@ Lifecycle rules set here for every later component:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import logging
@@ -30,6 +31,7 @@ from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
+from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
@@ -92,6 +94,7 @@ class Daemon:
         self.launcher: Launcher | None = None
         self.streaming: StreamingServer | None = None
         self._lock_fd: int | None = None
+        self._recheck: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         cfg = self.cfg
@@ -119,12 +122,13 @@ class Daemon:
         sandboxes.containers = containers
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
-        # Watch first, so exits during recovery arrive; exits of records not loaded yet
-        # are picked up by recover() from the exit files themselves.
-        launcher.watch()
-        await sandboxes.recover()
-        await containers.recover()
-        node = NodeStatus(cfg, store, cni.status)
+        # Serve first, recheck after (pycri/recovery.py): only the records are loaded,
+        # and the exits missed while down read, before the socket answers; exits from
+        # now on arrive by inotify.
+        live = await sandboxes.recover() | await containers.recover()
+        await launcher.watch(live)
+        recovery = Recovery([sandboxes, containers])
+        node = NodeStatus(cfg, store, cni.status, recovery.info)
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
@@ -152,8 +156,14 @@ class Daemon:
         os.chmod(sock, SOCKET_MODE)
         self.server = server
         log.info("pycri serving on unix://%s (root %s, state %s)", sock, cfg.root, cfg.state)
+        self._recheck = asyncio.create_task(recovery.run())
 
     async def stop(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recheck
+            self._recheck = None
         if self.server is not None:
             await self.server.stop(SHUTDOWN_GRACE)
             self.server = None

@@ -29,6 +29,7 @@ from pycri.errors import InvalidArgument, NotFound, PycriError
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
+from pycri.monitor.probe import Fact, Probe, identity_of
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.network import (
     DNS,
@@ -44,6 +45,7 @@ from pycri.network.netns import NETNS_RUN_DIR
 from pycri.oci import seccomp, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
+from pycri.recovery import probed
 from pycri.sandbox import podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
@@ -129,6 +131,7 @@ class SandboxManager:
         self.state_root = Path(cfg.state) / "sandboxes"
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
         self.capabilities = own_capabilities()
+        self.unchecked: set[str] = set()  # loaded at start, state not rechecked yet
 
     # -- lookup ------------------------------------------------------------------
 
@@ -266,6 +269,7 @@ class SandboxManager:
             undo.push_async_callback(self._kill_infra, sb)
             await self.launcher.start(sb.id, sb.handler)
             sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
+            sb.infra_start = created.start_time
 
     async def _pause_rootfs(self, sb: Sandbox) -> tuple[spec.ImageConfig, Path]:
         """The configured pause image's rootfs (pulled on first use; pinned by config)."""
@@ -441,17 +445,67 @@ class SandboxManager:
             self._save(sb)
             self._publish(sb, events.STOPPED)
 
-    async def recover(self) -> None:
-        """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""
+    async def recover(self) -> set[str]:
+        """Reload the records, before the socket serves (no process, no runtime call);
+        `recheck` then confirms that the READY ones still are. Returns their IDs."""
         for sb in self.store.load(KIND, self._load):
             self.sandboxes[sb.id] = sb
-        ready = [sb for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY]
-        checks = await asyncio.gather(*(self._recheck(sb) for sb in ready),
-                                      return_exceptions=True)
-        for sb, failure in zip(ready, checks, strict=True):
-            if isinstance(failure, Exception):
-                log.error("pod %s: state not rechecked at start: %s", sb.id, failure)
+        self.unchecked = set(self.sandboxes)
+        return {sb.id for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY}
+
+    async def recheck(self, runtime_calls: asyncio.Semaphore) -> None:
+        """A pod whose infra is gone (crash, reboot) comes back NOTREADY: decided from the
+        facts on disk (see pycri/recovery.py); the runtime is asked, `runtime_calls` at a
+        time, only about records of older pycris (no infra start time)."""
+        found = [sb for sb in self.sandboxes.values() if sb.id in self.unchecked]
+        revisions = {sb.id: sb.revision for sb in found}
+        asks: builtins.list[asyncio.Task[None]] = []
+        async for sb, (probe, netns) in probed(found, self._probe):
+            if probe.conmon_pid and probe.fact not in (Fact.EXITED, Fact.LOST):
+                self.launcher.watch_monitor(sb.id, probe.conmon_pid, probe.conmon_alive,
+                                            sb.infra)
+            if sb.state != pb.SANDBOX_READY or (probe.fact is Fact.RUNS and netns):
+                self.unchecked.discard(sb.id)
+            elif probe.fact is Fact.EXITED:
+                self.unchecked.discard(sb.id)
+                if sb.revision == revisions[sb.id]:
+                    self.on_exit(sb.id, probe.exit_code, probe.finished_at)
+            elif probe.fact is Fact.UNKNOWN and netns:
+                asks.append(asyncio.create_task(
+                    self._ask_runtime(sb, revisions[sb.id], runtime_calls)))
+            else:
+                self._not_survived(sb, revisions[sb.id])
+        await asyncio.gather(*asks)
         await self._release_orphan_leases()
+
+    def _probe(self, sb: Sandbox) -> tuple[Probe, bool]:
+        """The infra's facts, and whether the pod's network namespace is still there."""
+        return self.launcher.probe(sb.id, sb.infra), not sb.netns or Path(sb.netns).exists()
+
+    async def _ask_runtime(self, sb: Sandbox, revision: int,
+                           runtime_calls: asyncio.Semaphore) -> None:
+        state = None
+        with contextlib.suppress(PycriError):
+            async with runtime_calls:
+                state = await self.launcher.state(sb.id, sb.handler)
+        running = state is not None and state.get("status") == "running"
+        if running and state is not None and state.get("pid") == sb.infra_pid and (
+                init := identity_of(sb.infra_pid)) and sb.revision == revision:
+            sb.infra_start = init.start  # an older pycri's record: learn it now
+            self._save(sb)
+            revision = sb.revision
+        if not running:
+            self._not_survived(sb, revision)
+        self.unchecked.discard(sb.id)
+
+    def _not_survived(self, sb: Sandbox, revision: int) -> None:
+        """Mark a READY pod NOTREADY, unless an RPC changed (or removed) it meanwhile."""
+        self.unchecked.discard(sb.id)
+        if (self.sandboxes.get(sb.id) is sb and sb.revision == revision
+                and sb.state == pb.SANDBOX_READY):
+            log.info("pod %s did not survive; marking NOTREADY", sb.id)
+            sb.state = pb.SANDBOX_NOTREADY
+            self._save(sb)
 
     def _load(self, sid: str, rec: dict[str, Any]) -> Sandbox:
         sb = Sandbox.from_record(sid, rec)
@@ -484,16 +538,3 @@ class SandboxManager:
             return
         log.error("CNI state of vanished pod %s is unusable (%s: %s); moved to %s",
                   sid, type(error).__name__, error, where)
-
-    async def _recheck(self, sb: Sandbox) -> None:
-        alive = self.launcher.monitor_alive(sb.id)
-        if not alive:
-            state = None
-            with contextlib.suppress(PycriError):
-                state = await self.launcher.state(sb.id, sb.handler)
-            alive = state is not None and state.get("status") == "running"
-        if not alive or (sb.netns and not Path(sb.netns).exists()):
-            log.info("pod %s did not survive; marking NOTREADY", sb.id)
-            sb.state = pb.SANDBOX_NOTREADY
-            self._save(sb)
-
