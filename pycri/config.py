@@ -17,6 +17,8 @@ from typing import Any
 
 import tomli_w
 
+from pycri import procs
+
 DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
 
 
@@ -90,6 +92,15 @@ class StreamingConfig:
 
 
 @dataclass
+class HelpersConfig:
+    """Helper processes pycri starts itself (runtime CLI calls, CNI plugins, conmon)."""
+
+    # How many run at once; more wait their turn. A burst of forks on the event loop
+    # (hundreds of `runtime state` at recovery) starves it and floods it with exits.
+    max_concurrent: int = procs.DEFAULT_MAX_CONCURRENT
+
+
+@dataclass
 class Config:
     root: str = "/var/lib/pycri"
     state: str = "/run/pycri"
@@ -113,6 +124,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    helpers: HelpersConfig = field(default_factory=HelpersConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
@@ -217,6 +229,8 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
             raise ConfigError(f"streaming.{f.name}: must be positive")
     if cfg.streaming.max_pending > cfg.streaming.max_connections:
         raise ConfigError("streaming.max_pending: must not exceed streaming.max_connections")
+    if cfg.helpers.max_concurrent < 1:
+        raise ConfigError("helpers.max_concurrent: must be at least 1")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -271,6 +285,7 @@ __all__ = [
     "CNIConfig",
     "Config",
     "ConfigError",
+    "HelpersConfig",
     "ImagesConfig",
     "RuntimeHandler",
     "StreamingConfig",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from pycri import malloc
+from pycri import malloc, procs
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
@@ -110,7 +110,8 @@ class Daemon:
         except StoreLocked as e:
             raise DaemonError(str(e)) from None
         self.reaper = Reaper()
-        self.reaper.start()  # also makes us a child subreaper
+        self.reaper.start()  # a child subreaper; child exits come through pidfds
+        procs.set_max_concurrent(cfg.helpers.max_concurrent)
         pinned = [cfg.pause_image] if cfg.pause_image else []
         self.images = images = ImageManager(root, cfg.images, store, pinned)
         images.recover()

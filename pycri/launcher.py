@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import shutil
 import signal
@@ -167,8 +166,8 @@ class Launcher:
 
     async def _monitor(self, oid: str, conmon_pid: int, alive: bool,
                        init: Identity | None) -> None:
-        if alive:
-            await conmon.wait_gone(conmon_pid, math.inf)
+        if alive:  # one pidfd notices its end and reaps it
+            await self.reaper.wait(conmon_pid)
         if self.exit_code(oid) is not None:  # conmon reported the exit, as it should
             return
         try:
@@ -184,7 +183,7 @@ class Launcher:
             log.error("process %s: %s; the process had exited too", oid, msg)
             msg += "; the process had exited too"
             if is_same(init):  # a zombie, perhaps re-parented to us
-                self.reaper.track(init.pid)
+                await self.reaper.wait(init.pid, 10.0)
         else:
             log.error("process %s: %s; killing it", oid, msg)
             try:
@@ -208,8 +207,7 @@ class Launcher:
                 await runtime.kill(oid, signal.SIGKILL, all_processes=True)
         pid = init.pid if init else conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
         if pid and (init is None or is_same(init)):  # never wait on a reused pid
-            await conmon.wait_gone(pid, 10.0)
-            self.reaper.track(pid)
+            await self.reaper.wait(pid, 10.0)
 
     def monitor_lost(self, oid: str) -> str:
         """Why `oid`'s exit was recorded by pycri instead of conmon ("" if it was not)."""
@@ -237,7 +235,7 @@ class Launcher:
         if monitor is not None:  # ends once the exit is recorded, by conmon or by us
             waits.append(asyncio.ensure_future(asyncio.shield(monitor)))
         elif pid:
-            waits.append(asyncio.ensure_future(conmon.wait_gone(pid, timeout or 1e9)))
+            waits.append(asyncio.ensure_future(self.reaper.wait(pid, timeout)))
         try:
             await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         finally:

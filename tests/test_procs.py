@@ -68,3 +68,21 @@ async def test_runtime_call_past_its_timeout_is_deadline_exceeded(tmp_path: Path
     rt = OCIRuntime("hang", str(_script(tmp_path)), tmp_path / "root", timeout=0.5)
     with pytest.raises(DeadlineExceeded, match=r"no answer within 0.5s, killed .*runtimes.hang"):
         await asyncio.wait_for(rt.run(["state", "x"]), 30)
+
+
+async def test_helpers_run_at_most_max_concurrent_at_once(tmp_path: Path) -> None:
+    # Each helper counts the others running (their marker dirs) when it starts.
+    script = ('mkdir "$0/$$"; ls "$0" | wc -l >> "$0.counts"; sleep 0.2; rmdir "$0/$$"')
+    running = tmp_path / "running"
+    running.mkdir()
+    procs.set_max_concurrent(3)
+    try:
+        results = await asyncio.gather(*(
+            procs.run(["sh", "-c", script, str(running)], stdin=None, timeout=30)
+            for _ in range(12)
+        ))  # fmt: skip
+    finally:
+        procs.set_max_concurrent(procs.DEFAULT_MAX_CONCURRENT)
+    assert [rc for rc, _, _ in results] == [0] * 12
+    counts = [int(n) for n in Path(f"{running}.counts").read_text().split()]
+    assert len(counts) == 12 and max(counts) == 3

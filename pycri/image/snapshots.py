@@ -18,12 +18,14 @@ import os
 import shutil
 from pathlib import Path
 
-from pycri import errors
+from pycri import errors, procs
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 MNT_DETACH = 2
 PAGE = os.sysconf("SC_PAGE_SIZE")
 LINK_LEN = 12
+# mount(8) for layer stacks too long for one page of options (relative lowerdirs).
+MOUNT_TIMEOUT = 60.0
 
 
 def _mount_overlay(target: Path, options: str) -> None:
@@ -156,12 +158,11 @@ class Snapshotter:
     async def _mount_relative(self, rootfs: Path, opts: str) -> None:
         if len(opts) >= PAGE - 1:
             raise errors.InvalidArgument("image has too many layers for one overlay mount")
-        proc = await asyncio.create_subprocess_exec(
-            "mount", "-t", "overlay", "overlay", "-o", opts, str(rootfs),
-            cwd=self.links, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+        rc, _, err = await procs.run(
+            ["mount", "-t", "overlay", "overlay", "-o", opts, str(rootfs)],
+            stdin=None, timeout=MOUNT_TIMEOUT, cwd=self.links,
         )
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
+        if rc != 0:
             raise OSError(f"mount overlay on {rootfs}: {err.decode(errors='replace').strip()}")
 
     async def remove(self, key: str) -> None:

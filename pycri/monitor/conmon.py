@@ -159,7 +159,7 @@ async def create(
 
     `conmon_cgroups`: existing cgroup directories (one per hierarchy) conmon is moved
     into before it forks, so it and the runtime are accounted there.
-    `reaper`: told the daemonized conmon's pid, so its exit leaves no zombie.
+    `reaper`: watches the daemonized conmon, so its exit leaves no zombie.
     `timeout`: how long `runtime create` may take (default: the runtime's own limit).
     On any failure everything this call made is removed again, and conmon is gone with
     the runtime it ran (a hung runtime is killed with it).
@@ -185,37 +185,44 @@ async def create(
     start_r, start_w = os.pipe2(os.O_CLOEXEC)
     env = dict(os.environ, _OCI_SYNCPIPE=str(sync_w), _OCI_STARTPIPE=str(start_r))
     conmon_pid = 0
+    # Until its pid file is read, the daemonized conmon (re-parented to us) must not
+    # be swept as an orphan: its pid would be free for reuse before we watch it.
+    hold = contextlib.ExitStack()
+    if reaper is not None:
+        hold.enter_context(reaper.expecting())
     try:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(sync_w, start_r),
-                env=env,
-                cwd=persist_dir,  # conmon also drops a relative "oom" file in its cwd
-            )
-        finally:
-            os.close(sync_w)
-            os.close(start_r)
-        try:
-            for cg in conmon_cgroups or []:
-                (Path(cg) / "cgroup.procs").write_text(str(proc.pid))
-        except OSError as e:
-            proc.kill()
-            await proc.wait()
-            raise FailedPrecondition(f"cannot move conmon into cgroup: {e}") from None
-        os.write(start_w, b"0")
-        os.close(start_w)
-        start_w = -1
-        _, err = await proc.communicate()
-        if proc.returncode != 0:
-            raise PycriError(f"conmon for {cid} failed to start: {err.decode().strip()}")
-        conmon_pid = int(conmon_pid_file(persist_dir).read_text().strip())
-        if reaper is not None:
-            reaper.track(conmon_pid)
-        pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
+        async with procs.slot():  # conmon and the `runtime create` it runs
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=asyncio.subprocess.PIPE,
+                    pass_fds=(sync_w, start_r),
+                    env=env,
+                    cwd=persist_dir,  # conmon also drops a relative "oom" file in its cwd
+                )
+            finally:
+                os.close(sync_w)
+                os.close(start_r)
+            try:
+                for cg in conmon_cgroups or []:
+                    (Path(cg) / "cgroup.procs").write_text(str(proc.pid))
+            except OSError as e:
+                proc.kill()
+                await proc.wait()
+                raise FailedPrecondition(f"cannot move conmon into cgroup: {e}") from None
+            os.write(start_w, b"0")
+            os.close(start_w)
+            start_w = -1
+            _, err = await proc.communicate()
+            if proc.returncode != 0:
+                raise PycriError(f"conmon for {cid} failed to start: {err.decode().strip()}")
+            conmon_pid = int(conmon_pid_file(persist_dir).read_text().strip())
+            if reaper is not None:
+                reaper.watch(conmon_pid)
+            hold.close()
+            pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
         # `runtime init` waits for its start, a child of conmon: this pid is the process.
         init = identity_of(pid)
         return Created(pid=pid, conmon_pid=conmon_pid, start_time=init.start if init else 0)
@@ -228,6 +235,7 @@ async def create(
             raise DeadlineExceeded(msg) from None
         raise
     finally:
+        hold.close()
         os.close(sync_r)
         if start_w >= 0:
             os.close(start_w)
@@ -283,12 +291,8 @@ async def _undo(
         await kill_monitor(conmon_pid, reaper)
     with contextlib.suppress(PycriError):
         await runtime.delete(cid, force=True)
-    init = read_pid(pid_file(persist_dir))
-    if init and conmon_pid > 0 and reaper is not None:
-        # The runtime had made the process (`runc init`): with conmon killed it was
-        # re-parented to us, and as an unreaped zombie in a shared PID namespace it
-        # would keep the pod's infra from ever finishing its exit.
-        reaper.track(init)
+    # A process the runtime had made (`runc init`) is re-parented to us with conmon
+    # killed; the reaper's sweep takes it, so no zombie keeps a shared PID namespace.
     for name in _FIFOS:
         with contextlib.suppress(FileNotFoundError):
             (bundle / name).unlink()
@@ -305,22 +309,21 @@ async def _undo(
 
 async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 10.0) -> None:
     """SIGKILL a conmon with its process group: conmon leads its own session, and the
-    runtime it is running (perhaps hung) is in it. What the kill re-parents to us (we
-    are a subreaper) is reaped, so no zombie is left."""
+    runtime it is running (perhaps hung) is in it. conmon (watched since its pid file
+    was read) is reaped by `reaper`, what the kill re-parents to us by its sweep."""
     try:
         leader = os.getpgid(conmon_pid) == conmon_pid
     except ProcessLookupError:
         return
-    if not leader:
+    if leader:
+        procs.kill_group(conmon_pid)
+    else:
         with contextlib.suppress(ProcessLookupError):
             os.kill(conmon_pid, signal.SIGKILL)
-        await wait_gone(conmon_pid, timeout)
-        return
-    procs.kill_group(conmon_pid)
-    await wait_gone(conmon_pid, timeout)
     if reaper is not None:
-        reaper.reap()  # conmon itself, tracked since its pid file was read
-    procs.reap_orphans_of(conmon_pid)
+        await reaper.wait(conmon_pid, timeout)
+    else:
+        await wait_gone(conmon_pid, timeout)
 
 
 async def wait_gone(pid: int, timeout: float) -> bool:

@@ -165,15 +165,16 @@ async def _run(
     out_r, out_w = os.pipe2(os.O_CLOEXEC)
     err_r, err_w = os.pipe2(os.O_CLOEXEC)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *_conmon_argv(conmon, runtime, cid, work),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=err_w,
-            pass_fds=(sync_w,),
-            env=dict(os.environ, _OCI_SYNCPIPE=str(sync_w)),
-            cwd=work,
-        )
+        async with procs.slot():  # only while it starts: it lives as long as the command
+            proc = await asyncio.create_subprocess_exec(
+                *_conmon_argv(conmon, runtime, cid, work),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
+                pass_fds=(sync_w,),
+                env=dict(os.environ, _OCI_SYNCPIPE=str(sync_w)),
+                cwd=work,
+            )
     except BaseException:
         for fd in (sync_r, out_r, err_r):
             os.close(fd)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass
 from typing import Any
 
+from pycri import procs
 from pycri.errors import Unavailable
-from pycri.procs import communicate
 
 # Plugin output is a small JSON document; anything bigger is a broken plugin.
 _MAX_OUTPUT = 1 << 20
@@ -91,23 +90,16 @@ async def run_plugin(
     binary: str, plugin: str, call: Invocation, stdin: dict[str, Any], timeout: float
 ) -> dict[str, Any] | None:
     """Exec `binary`; return its parsed result for ADD, None for DEL. Raises CNIPluginError."""
-    proc = await asyncio.create_subprocess_exec(
-        binary,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=call.env(),
-        start_new_session=True,
-    )
     try:  # on a timeout or cancellation the plugin and its children are killed
-        out, err = await communicate(proc, json.dumps(stdin).encode(), timeout)
+        rc, out, err = await procs.run([binary], stdin=json.dumps(stdin).encode(),
+                                       timeout=timeout, env=call.env())  # fmt: skip
     except TimeoutError:
         msg = f"no answer within {timeout:g}s, killed (the limit is cni.plugin_timeout)"
         raise CNIPluginError(plugin, call.command, msg) from None
     if len(out) > _MAX_OUTPUT:
         raise CNIPluginError(plugin, call.command, "output larger than 1 MiB")
-    if proc.returncode != 0:
-        raise _error_from_output(plugin, call.command, proc.returncode or 0, out, err)
+    if rc != 0:
+        raise _error_from_output(plugin, call.command, rc, out, err)
     if call.command != "ADD":
         return None
     try:

@@ -7,7 +7,6 @@ gone succeed (kill, delete), because the CRI wants Stop/Remove to be idempotent.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -16,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pycri import procs
 from pycri.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -23,7 +23,6 @@ from pycri.errors import (
     NotFound,
     PycriError,
 )
-from pycri.procs import communicate
 
 DEFAULT_TIMEOUT = 60.0
 
@@ -133,25 +132,15 @@ class OCIRuntime:
         The runtime runs in its own process group and the whole group is killed: a
         child left holding the output pipes would keep `wait()` from ever returning.
         """
-        proc = await asyncio.create_subprocess_exec(
-            self.path,
-            *self.global_args,
-            *args,
-            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
-        )
         limit = self.timeout if timeout is None else timeout
         try:
-            out, err = await communicate(proc, stdin, limit)
+            return await procs.run([self.path, *self.global_args, *args], stdin=stdin,
+                                   timeout=limit)  # fmt: skip
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{self.name} {' '.join(args)}: no answer within {limit:g}s, killed "
                 f"(the limit is runtimes.{self.name}.timeout)"
             ) from None
-        assert proc.returncode is not None
-        return proc.returncode, out, err
 
     def _absent(self, cid: str) -> bool:
         """Both runc and crun keep one directory per container under the root."""

@@ -74,7 +74,8 @@ class RuntimeBackend:
         if spec is None or "process" not in spec:
             raise NotFound(f"the OCI spec of container {c.id} is gone")
         runtime = self.launcher.runtime(c.handler)
-        return await process.exec_streaming(runtime, c.id, spec["process"], req.cmd, io)
+        return await process.exec_streaming(runtime, c.id, spec["process"], req.cmd, io,
+                                             self.launcher.reaper)
 
     async def attach(self, req: AttachRequest, io: StreamIO) -> int:
         c = self._running(req.container_id)

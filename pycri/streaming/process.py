@@ -6,7 +6,7 @@ background child holding stdout holds the session. Detached, the process gets ou
 pipes directly (or, with a tty, the runtime hands us the pty master over
 `--console-socket` with SCM_RIGHTS), the runtime exits once it started, and the
 process is re-parented to pycri (a child subreaper, like containerd's shim), so
-pycri waits for it through a pidfd and gets its real exit status.
+pycri's Reaper watches it with a pidfd and gets its real exit status.
 """
 
 from __future__ import annotations
@@ -23,8 +23,10 @@ import termios
 from pathlib import Path
 from typing import Any
 
+from pycri import procs
 from pycri.errors import PycriError
 from pycri.monitor.execsync import exec_process
+from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, check_id, runtime_failure
 from pycri.streaming import fdio
 from pycri.streaming.remotecommand import ByteReader, ByteWriter, StreamIO, TerminalSize
@@ -40,7 +42,8 @@ def set_winsize(fd: int, size: TerminalSize) -> None:
 
 
 async def exec_streaming(
-    runtime: OCIRuntime, cid: str, base_process: dict[str, Any], argv: list[str], io: StreamIO
+    runtime: OCIRuntime, cid: str, base_process: dict[str, Any], argv: list[str], io: StreamIO,
+    reaper: Reaper,
 ) -> int:
     """Run `argv` in `cid` with the container's process settings; returns its exit code."""
     check_id(cid)
@@ -50,8 +53,8 @@ async def exec_streaming(
         work = Path(tmp)
         (work / "process.json").write_text(json.dumps(proc))
         if io.tty:
-            return await _run_tty(runtime, cid, work, io)
-        return await _run_pipes(runtime, cid, work, io)
+            return await _run_tty(runtime, cid, work, io, reaper)
+        return await _run_pipes(runtime, cid, work, io, reaper)
 
 
 def _argv(runtime: OCIRuntime, cid: str, work: Path, tty: bool) -> list[str]:
@@ -64,88 +67,46 @@ def _argv(runtime: OCIRuntime, cid: str, work: Path, tty: bool) -> list[str]:
 
 
 async def _start(
-    runtime: OCIRuntime, cid: str, work: Path, tty: bool, stdio: tuple[int, int, int]
+    runtime: OCIRuntime, cid: str, work: Path, tty: bool, stdio: tuple[int, int, int],
+    reaper: Reaper,
 ) -> int:
-    """Run the runtime until the process started; returns a pidfd for the process."""
-    child = await asyncio.create_subprocess_exec(
-        *_argv(runtime, cid, work, tty), stdin=stdio[0], stdout=stdio[1], stderr=stdio[2]
-    )
-    try:
-        rc = await asyncio.wait_for(child.wait(), START_TIMEOUT)
-    except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            child.kill()
-        await child.wait()
-        raise
-    if rc != 0:
-        _reap_failed_children()
-        try:
-            detail = (work / "runtime.log").read_text()
-        except OSError:
-            detail = f"exited with status {rc}"
-        raise runtime_failure(runtime.name, "exec", cid, detail)
-    pid = int((work / "pid").read_text().strip())
-    return os.pidfd_open(pid)
+    """Run the runtime until the process started; returns its pid, watched by `reaper`."""
+    # The process is re-parented to us before its pid file is read: not to be swept.
+    with reaper.expecting():
+        async with procs.slot():
+            child = await asyncio.create_subprocess_exec(
+                *_argv(runtime, cid, work, tty), stdin=stdio[0], stdout=stdio[1],
+                stderr=stdio[2],
+            )  # fmt: skip
+            try:
+                rc = await asyncio.wait_for(child.wait(), START_TIMEOUT)
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+                await child.wait()
+                raise
+        if rc != 0:
+            # What the failed exec forked (crun's would-be process in the container's
+            # pid namespace) is swept as an orphan once the hold ends.
+            try:
+                detail = (work / "runtime.log").read_text()
+            except OSError:
+                detail = f"exited with status {rc}"
+            raise runtime_failure(runtime.name, "exec", cid, detail)
+        pid = int((work / "pid").read_text().strip())
+        reaper.watch(pid)
+        return pid
 
 
-def _ns_depth(pid: int | str) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("NSpid:"):
-                return len(line.split()) - 1
-    return 1
-
-
-def _reap_failed_children() -> None:
-    """Reap what a failed exec left behind. crun forks the would-be process into the
-    container's pid namespace; when it cannot run the command, that child exits, is
-    re-parented to pycri and stays a zombie — and a zombie in a pid namespace keeps
-    the namespace's init from finishing its exit, so the container could never stop.
-    Only zombies of ours that sit in a deeper pid namespace and still carry the
-    runtime's name are taken; nothing else of pycri's (asyncio's subprocesses, conmon)
-    matches that."""
-    me = os.getpid()
-    own_depth = _ns_depth("self")
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-            state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
-            if state != "Z" or int(ppid) != me or not comm.startswith(("crun", "runc")):
-                continue
-            if _ns_depth(entry) > own_depth:
-                os.waitpid(int(entry), os.WNOHANG)
-        except (OSError, ValueError):
-            continue
-
-
-async def _wait(pidfd: int) -> int:
-    """The exit code (128+signal when killed) of the process behind `pidfd`."""
-    loop = asyncio.get_running_loop()
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(pidfd, wake)
-    try:
-        await exited
-    finally:
-        loop.remove_reader(pidfd)
-    try:
-        info = os.waitid(os.P_PIDFD, pidfd, os.WEXITED)
-    except ChildProcessError:
+async def _wait(reaper: Reaper, pid: int) -> int:
+    """The exit code (128+signal when killed) of the exec'd process `pid`."""
+    status = await reaper.status(pid)
+    if status is None:
         raise PycriError("the exec'd process was not re-parented to pycri; "
-                         "its exit status is unknown") from None  # fmt: skip
-    if info is None:  # pragma: no cover - WEXITED without WNOHANG always reports
-        raise PycriError("no exit status for the exec'd process")
-    if info.si_code == os.CLD_EXITED:
-        return info.si_status
-    return 128 + info.si_status
+                         "its exit status is unknown")  # fmt: skip
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.waitstatus_to_exitcode(status)
 
 
 async def _copy_out(fd: int, sink: ByteWriter) -> None:
@@ -164,22 +125,23 @@ async def _copy_in(source: ByteReader, fd: int) -> None:
         os.close(fd)
 
 
-async def _finish(pidfd: int, outputs: list[asyncio.Task[None]],
+async def _finish(reaper: Reaper, pid: int, outputs: list[asyncio.Task[None]],
                   others: list[asyncio.Task[None]]) -> int:  # fmt: skip
     """Wait for the exit, let output drain briefly, then stop every copier."""
     try:
-        code = await _wait(pidfd)
+        code = await _wait(reaper, pid)
         if outputs:
             await asyncio.wait(outputs, timeout=DRAIN_GRACE)
         return code
     finally:
-        os.close(pidfd)
         for task in outputs + others:
             task.cancel()
         await asyncio.gather(*outputs, *others, return_exceptions=True)
 
 
-async def _run_pipes(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) -> int:
+async def _run_pipes(
+    runtime: OCIRuntime, cid: str, work: Path, io: StreamIO, reaper: Reaper
+) -> int:
     ours: list[int] = []
     theirs: list[int] = []
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
@@ -195,7 +157,7 @@ async def _run_pipes(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) ->
         theirs.append(child)
         stdio[slot] = child
     try:
-        pidfd = await _start(runtime, cid, work, False, (stdio[0], stdio[1], stdio[2]))
+        pid = await _start(runtime, cid, work, False, (stdio[0], stdio[1], stdio[2]), reaper)
     except BaseException:
         for fd in ours:
             os.close(fd)
@@ -212,7 +174,7 @@ async def _run_pipes(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) ->
     sinks = [sink for sink in (io.stdout, io.stderr) if sink is not None]
     outputs += [asyncio.create_task(_copy_out(fd, s)) for fd, s in zip(readers, sinks, strict=True)]
     try:
-        return await _finish(pidfd, outputs, others)
+        return await _finish(reaper, pid, outputs, others)
     finally:
         for fd in readers:
             os.close(fd)
@@ -238,7 +200,9 @@ async def _apply_resizes(io: StreamIO, master: int) -> None:
             set_winsize(master, size)
 
 
-async def _run_tty(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) -> int:
+async def _run_tty(
+    runtime: OCIRuntime, cid: str, work: Path, io: StreamIO, reaper: Reaper
+) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     listener.bind(str(work / "console.sock"))
     listener.listen(1)
@@ -247,14 +211,11 @@ async def _run_tty(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) -> i
     devnull = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
     try:
         try:
-            pidfd = await _start(runtime, cid, work, True, (devnull, devnull, devnull))
+            pid = await _start(runtime, cid, work, True, (devnull, devnull, devnull), reaper)
         finally:
             os.close(devnull)
-        try:
-            master = await asyncio.wait_for(receiving, START_TIMEOUT)
-        except BaseException:
-            os.close(pidfd)
-            raise
+        # Without its terminal the process still ends (and is reaped) on its own.
+        master = await asyncio.wait_for(receiving, START_TIMEOUT)
     except BaseException:
         receiving.cancel()
         with contextlib.suppress(BaseException):
@@ -273,6 +234,6 @@ async def _run_tty(runtime: OCIRuntime, cid: str, work: Path, io: StreamIO) -> i
         writer = os.dup(master)
         others.append(asyncio.create_task(_copy_in(io.stdin, writer)))
     try:
-        return await _finish(pidfd, outputs, others)
+        return await _finish(reaper, pid, outputs, others)
     finally:
         os.close(master)
