@@ -56,11 +56,18 @@ START_LIMIT = 300.0
 
 
 def first_answer(target: str, t0: float) -> float:
-    """Seconds from `t0` (monotonic) until `target` answers Version."""
+    """Seconds from `t0` (monotonic) until `target` answers Version (containerd serves
+    its socket before its CRI plugin is ready and says so: not an answer)."""
     with grpc.insecure_channel(target, options=FAST) as ch:
-        api_pb2_grpc.RuntimeServiceStub(ch).Version(
-            pb.VersionRequest(), timeout=START_LIMIT, wait_for_ready=True)
-        return time.monotonic() - t0
+        stub = api_pb2_grpc.RuntimeServiceStub(ch)
+        while True:
+            try:
+                stub.Version(pb.VersionRequest(), timeout=START_LIMIT, wait_for_ready=True)
+                return time.monotonic() - t0
+            except grpc.RpcError as e:
+                if e.code() != grpc.StatusCode.UNKNOWN or time.monotonic() - t0 > START_LIMIT:
+                    raise
+                time.sleep(0.005)
 
 
 class Pycri:
@@ -213,6 +220,8 @@ def main() -> int:
     args = ap.parse_args()
     sizes = [int(s) for s in args.pods.split(",")]
     run_id = f"{int(time.time())}-{os.getpid()}"
+    if str(args.work) + "/" in Path("/proc/self/mountinfo").read_text():
+        ap.error(f"something is still mounted under {args.work} (a run cut short?)")
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     logs = args.work / "pod-logs"
@@ -250,11 +259,10 @@ def main() -> int:
             have = n
             for r in range(args.restarts):
                 for d in daemons if r % 2 == 0 else list(reversed(daemons)):
-                    ep = eps[d.label]
-                    ep.channel.close()
+                    eps[d.label].channel.close()
+                    eps[d.label] = ep = Endpoint(d.label, d.target, logs / run_id)
                     d.kill9()
                     first = d.start()
-                    eps[d.label] = ep = Endpoint(d.label, d.target, logs / run_id)
                     res = results[d.label]
                     res.setdefault(f"{n} first", []).append(first)
                     line = f"[{d.label}] {n} pods, restart {r + 1}: first answer {first:.3f} s"

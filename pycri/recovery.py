@@ -36,10 +36,12 @@ class Rechecked(Protocol):
     async def recheck(self, runtime_calls: asyncio.Semaphore) -> None: ...
 
 
-async def probed(items: Sequence[T], probe: Callable[[T], P]) -> AsyncIterator[tuple[T, P]]:
+async def probed(
+    items: Sequence[T], probe: Callable[[T], P]
+) -> AsyncIterator[tuple[T, P | Exception]]:
     """(item, probe(item)) for each item, probed in a worker thread a batch at a time, so
     no file read happens on the event loop and each result is used as soon as its batch
-    is read."""
+    is read. A probe that fails yields its exception, and the others go on."""
     for i in range(0, len(items), PROBE_BATCH):
         batch = items[i : i + PROBE_BATCH]
         results = await asyncio.to_thread(_each, probe, batch)
@@ -47,8 +49,14 @@ async def probed(items: Sequence[T], probe: Callable[[T], P]) -> AsyncIterator[t
             yield pair
 
 
-def _each(probe: Callable[[T], P], batch: Sequence[T]) -> list[P]:
-    return [probe(x) for x in batch]
+def _each(probe: Callable[[T], P], batch: Sequence[T]) -> list[P | Exception]:
+    out: list[P | Exception] = []
+    for x in batch:
+        try:
+            out.append(probe(x))
+        except Exception as e:
+            out.append(e)
+    return out
 
 
 class Recovery:

@@ -685,31 +685,36 @@ class ContainerManager:
         revisions = {c.id: c.revision for c in found}
         asks: builtins.list[asyncio.Task[None]] = []
         async for c, probe in probed(found, lambda c: self.launcher.probe(c.id, c.init)):
-            if self._apply_probe(c, revisions[c.id], probe):
-                self.unchecked.discard(c.id)
-            else:
-                asks.append(asyncio.create_task(
-                    self._ask_runtime(c, revisions[c.id], probe, runtime_calls)))
+            try:
+                if isinstance(probe, Exception):
+                    raise probe
+                if self._apply_probe(c, revisions[c.id], probe):
+                    asks.append(asyncio.create_task(
+                        self._ask_runtime(c, revisions[c.id], probe, runtime_calls)))
+                    continue
+            except Exception as e:  # one bad object never stops the others' recheck
+                log.error("container %s: state not rechecked at start: %s", c.id, e)
+            self.unchecked.discard(c.id)
         await self._remove_half_created()
         await asyncio.gather(*asks)
 
     def _apply_probe(self, c: Container, revision: int, probe: Probe) -> bool:
-        """Act on what the disk says; False when only the runtime can tell."""
+        """Act on what the disk says; True when only the runtime can tell."""
         if probe.fact is Fact.EXITED:
             self.on_exit(c.id, probe.exit_code, probe.finished_at)
-            return True
+            return False
         if probe.fact is Fact.LOST:
             if c.state in RUNNING_STATES and self.containers.get(c.id) is c and (
                     c.revision == revision):
                 self._mark_lost(c)
-            return True
+            return False
         if probe.conmon_pid:
             self.launcher.watch_monitor(c.id, probe.conmon_pid, probe.conmon_alive, c.init)
         if c.state not in RUNNING_STATES or probe.fact is Fact.GONE:
             # GONE: conmon writes the exit file (inotify brings it), or the monitor watch
             # records its loss. Never asks the runtime about a pid that is not ours.
-            return True
-        return probe.fact is Fact.RUNS and c.state == pb.CONTAINER_RUNNING
+            return False
+        return not (probe.fact is Fact.RUNS and c.state == pb.CONTAINER_RUNNING)
 
     async def _ask_runtime(self, c: Container, revision: int, probe: Probe,
                            runtime_calls: asyncio.Semaphore) -> None:

@@ -460,23 +460,34 @@ class SandboxManager:
         found = [sb for sb in self.sandboxes.values() if sb.id in self.unchecked]
         revisions = {sb.id: sb.revision for sb in found}
         asks: builtins.list[asyncio.Task[None]] = []
-        async for sb, (probe, netns) in probed(found, self._probe):
-            if probe.conmon_pid and probe.fact not in (Fact.EXITED, Fact.LOST):
-                self.launcher.watch_monitor(sb.id, probe.conmon_pid, probe.conmon_alive,
-                                            sb.infra)
-            if sb.state != pb.SANDBOX_READY or (probe.fact is Fact.RUNS and netns):
-                self.unchecked.discard(sb.id)
-            elif probe.fact is Fact.EXITED:
-                self.unchecked.discard(sb.id)
-                if sb.revision == revisions[sb.id]:
-                    self.on_exit(sb.id, probe.exit_code, probe.finished_at)
-            elif probe.fact is Fact.UNKNOWN and netns:
-                asks.append(asyncio.create_task(
-                    self._ask_runtime(sb, revisions[sb.id], runtime_calls)))
-            else:
-                self._not_survived(sb, revisions[sb.id])
+        async for sb, facts in probed(found, self._probe):
+            try:
+                if isinstance(facts, Exception):
+                    raise facts
+                if self._apply_probe(sb, revisions[sb.id], *facts):
+                    asks.append(asyncio.create_task(
+                        self._ask_runtime(sb, revisions[sb.id], runtime_calls)))
+                    continue
+            except Exception as e:  # one bad object never stops the others' recheck
+                log.error("pod %s: state not rechecked at start: %s", sb.id, e)
+            self.unchecked.discard(sb.id)
         await asyncio.gather(*asks)
         await self._release_orphan_leases()
+
+    def _apply_probe(self, sb: Sandbox, revision: int, probe: Probe, netns: bool) -> bool:
+        """Act on what the disk says; True when only the runtime can tell."""
+        if probe.conmon_pid and probe.fact not in (Fact.EXITED, Fact.LOST):
+            self.launcher.watch_monitor(sb.id, probe.conmon_pid, probe.conmon_alive, sb.infra)
+        if sb.state != pb.SANDBOX_READY or (probe.fact is Fact.RUNS and netns):
+            return False
+        if probe.fact is Fact.EXITED:
+            if sb.revision == revision:
+                self.on_exit(sb.id, probe.exit_code, probe.finished_at)
+            return False
+        if probe.fact is Fact.UNKNOWN and netns:
+            return True
+        self._not_survived(sb, revision)
+        return False
 
     def _probe(self, sb: Sandbox) -> tuple[Probe, bool]:
         """The infra's facts, and whether the pod's network namespace is still there."""
@@ -485,9 +496,12 @@ class SandboxManager:
     async def _ask_runtime(self, sb: Sandbox, revision: int,
                            runtime_calls: asyncio.Semaphore) -> None:
         state = None
-        with contextlib.suppress(PycriError):
-            async with runtime_calls:
-                state = await self.launcher.state(sb.id, sb.handler)
+        try:
+            with contextlib.suppress(PycriError):
+                async with runtime_calls:
+                    state = await self.launcher.state(sb.id, sb.handler)
+        finally:
+            self.unchecked.discard(sb.id)
         running = state is not None and state.get("status") == "running"
         if running and state is not None and state.get("pid") == sb.infra_pid and (
                 init := identity_of(sb.infra_pid)) and sb.revision == revision:
@@ -496,11 +510,9 @@ class SandboxManager:
             revision = sb.revision
         if not running:
             self._not_survived(sb, revision)
-        self.unchecked.discard(sb.id)
 
     def _not_survived(self, sb: Sandbox, revision: int) -> None:
         """Mark a READY pod NOTREADY, unless an RPC changed (or removed) it meanwhile."""
-        self.unchecked.discard(sb.id)
         if (self.sandboxes.get(sb.id) is sb and sb.revision == revision
                 and sb.state == pb.SANDBOX_READY):
             log.info("pod %s did not survive; marking NOTREADY", sb.id)
