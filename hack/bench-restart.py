@@ -106,7 +106,9 @@ class Pycri:
         argv = [sys.executable, "-m", "pycri", "serve", "--config", str(self.config),
                 "--root", str(root / "root"), "--state", str(root / "state"),
                 "--socket", str(root / "state" / "pycri.sock"), "--log-level", "info"]
+        # Byte-compiled, as an installed package is (see main); never recompiled per start.
         env = dict(os.environ, PYTHONPATH=str(REPO))
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         with open(root / "pycri.log", "ab") as log:
             t0 = time.monotonic()
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
@@ -226,6 +228,9 @@ def main() -> int:
     args.work.mkdir(parents=True)
     logs = args.work / "pod-logs"
 
+    # pip byte-compiles an installed package; a source tree run with
+    # PYTHONDONTWRITEBYTECODE (as here) would recompile every module at every start.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(REPO / "pycri")], check=True)
     py = Pycri(args.work / "pycri", args.image)
     daemons: list[Pycri | Containerd] = [py]
     if not args.no_containerd:
