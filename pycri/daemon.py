@@ -14,6 +14,7 @@ Lifecycle rules set here for every later component:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import functools
@@ -21,6 +22,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,11 +37,13 @@ from pycri.events import EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
 from pycri.logs import setup_logging
+from pycri.monitor.probe import start_time
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
 from pycri.nri import adjust
 from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, userns
+from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
@@ -95,6 +99,15 @@ def _claim_socket(path: Path) -> None:
         probe.close()
 
 
+def _process_age() -> float:
+    """Seconds since this process was started (its start time, in clock ticks after
+    boot, against the boot time): what interpreter start and imports cost."""
+    start = start_time(os.getpid()) or 0
+    with open("/proc/uptime") as f:
+        uptime = float(f.read().split()[0])
+    return uptime - start / os.sysconf("SC_CLK_TCK")
+
+
 class Daemon:
     """Owns the store, the domain components and the gRPC server."""
 
@@ -122,8 +135,10 @@ class Daemon:
         # inherited listener; otherwise gRPC listens on the configured path itself.
         self._grpc_socket = cfg.socket_path
         self._target = f"unix:{cfg.socket_path}"
+        self._recheck: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        t0 = time.monotonic()
         cfg = self.cfg
         # First, so no helper we spawn inherits LISTEN_FDS or the listener.
         try:
@@ -161,23 +176,24 @@ class Daemon:
         nri.apply_updates = functools.partial(adjust.apply_updates, containers)
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
-        # Watch first, so exits during recovery arrive; exits of records not loaded yet
-        # are picked up by recover() from the exit files themselves.
-        launcher.watch()
-        # What user-namespaced pods can run with is probed while recovery runs (~0.1 s).
+        # Serve first, recheck after (pycri/recovery.py): only the records are loaded,
+        # and the exits missed while down read, before the socket answers; exits from
+        # now on arrive by inotify. What user-namespaced pods can run with is probed
+        # meanwhile (~0.1 s).
         probe = asyncio.ensure_future(self._probe_userns())
         try:
-            await sandboxes.recover()
-            await containers.recover()
+            live = await sandboxes.recover() | await containers.recover()
         finally:
             support = await probe
+        await launcher.watch(live)
         sandboxes.userns_support = support
         if support.kernel_problem:
             log.info("pods with their own user namespace cannot run here: %s",
                      support.kernel_problem)
+        recovery = Recovery([sandboxes, containers])
         if cfg.nri.enable:
             await self._start_nri(nri, sandboxes, containers, launcher)
-        self.node = node = NodeStatus(cfg, store, cni.status, support)
+        self.node = node = NodeStatus(cfg, store, cni.status, support, recovery.info)
         self.sandboxes = sandboxes
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
@@ -219,7 +235,11 @@ class Daemon:
             assert self.proxy is not None
             await self.proxy.start()
             log.info("socket-activated listener %s relayed to %s", self._target, sock)
-        log.info("pycri serving on %s (root %s, state %s)", self._target, cfg.root, cfg.state)
+        log.info("pycri serving on %s (root %s, state %s): %d pods and %d containers "
+                 "loaded, %.3fs after the start, %.2fs after the exec", self._target, cfg.root,
+                 cfg.state, len(sandboxes.sandboxes), len(containers.containers),
+                 time.monotonic() - t0, _process_age())
+        self._recheck = asyncio.create_task(recovery.run())
 
     async def wait_answering(self) -> None:
         """Return once the CRI socket answers Version: what READY=1 promises."""
@@ -264,6 +284,11 @@ class Daemon:
         log.info("NRI: plugins connect on %s", path)
 
     async def stop(self) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recheck
+            self._recheck = None
         if self.proxy is not None:
             self.proxy.stop_accepting()
         if self.server is not None:

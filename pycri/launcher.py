@@ -14,7 +14,7 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from pycri.config import Config
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.monitor import conmon
 from pycri.monitor.exits import ExitWatcher, parse_exit_code
+from pycri.monitor.probe import Fact, Identity, Probe, is_alive, is_same
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime
 
@@ -63,16 +64,15 @@ class Launcher:
         for name in self.runtimes:
             self._retired.pop(name, None)
 
-    def watch(self) -> None:
-        """Watch the exit dir; exits that happened while pycri was down are reported too,
-        and so are monitors that died meanwhile (see `_watch_monitor`)."""
+    async def watch(self, live: Collection[str]) -> None:
+        """Watch the exit dir, and report the exits of `live` objects (their records say
+        they run) that happened while pycri was down: one directory listing and a read
+        per missed exit, so it is cheap however many bundles there are. Monitors that
+        died meanwhile are found by the recheck (`probe`, then `watch_monitor`)."""
         self.bundles.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._watcher.start()
-        self._watcher.scan()
-        for bundle in self.bundles.iterdir():
-            pid = self._monitor_pid(bundle.name)
-            if pid and self.exit_code(bundle.name) is None:
-                self._watch_monitor(bundle.name, pid)
+        for oid in await asyncio.to_thread(self._watcher.present, live):
+            self._watcher.report(oid)
 
     def close(self) -> None:
         self._watcher.close()
@@ -164,63 +164,72 @@ class Launcher:
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
-        self._watch_monitor(oid, created.conmon_pid)
+        init = Identity(created.pid, created.start_time) if created.start_time else None
+        self.watch_monitor(oid, created.conmon_pid, conmon.is_monitor_of(created.conmon_pid, oid),
+                           init)
         return created
 
     # -- monitors --------------------------------------------------------------------
 
-    def _watch_monitor(self, oid: str, conmon_pid: int) -> None:
+    def watch_monitor(self, oid: str, conmon_pid: int, alive: bool,
+                      init: Identity | None) -> None:
         """Notice when `oid`'s conmon dies without writing the exit file (SIGKILL, OOM
         killer, a bug): its process would run on unwatched and be reported RUNNING for
-        ever. Then the process is killed and its exit recorded as the monitor's loss."""
-        # Not alive: it died while pycri was down (or its pid was reused since).
-        alive = conmon.is_monitor_of(conmon_pid, oid)
-        self._monitors[oid] = asyncio.create_task(self._monitor(oid, conmon_pid, alive))
+        ever. Then the process is killed and its exit recorded as the monitor's loss.
+        `alive`: whether `conmon_pid` is still `oid`'s conmon (not, when it died while
+        pycri was down, or its pid was reused since); `init`: the process, if known."""
+        if oid not in self._monitors:
+            self._monitors[oid] = asyncio.create_task(
+                self._monitor(oid, conmon_pid, alive, init))
 
-    async def _monitor(self, oid: str, conmon_pid: int, alive: bool) -> None:
+    async def _monitor(self, oid: str, conmon_pid: int, alive: bool,
+                       init: Identity | None) -> None:
         if alive:  # one pidfd notices its end and reaps it
             await self.reaper.wait(conmon_pid)
         if self.exit_code(oid) is not None:  # conmon reported the exit, as it should
             return
         try:
-            await self._record_lost(oid, conmon_pid)
+            await self._record_lost(oid, conmon_pid, init)
         except OSError as e:  # removed meanwhile (bundle gone): nothing left to report
             log.warning("process %s: cannot record its monitor's death: %s", oid, e)
 
-    async def _record_lost(self, oid: str, conmon_pid: int) -> None:
+    async def _record_lost(self, oid: str, conmon_pid: int, init: Identity | None) -> None:
         msg = f"the monitor (conmon, pid {conmon_pid}) died without reporting the exit"
-        log.error("process %s: %s; killing it", oid, msg)
-        try:
-            await self._kill_unmonitored(oid)
-        except Exception as e:  # still recorded: nothing would ever report this exit
-            log.error("process %s: cannot kill it after its monitor died: %s", oid, e)
-            msg += f"; killing the process failed: {e}"
+        if init is not None and not is_alive(init):
+            # Its process is gone too (its pid may name another process by now): nothing
+            # to kill; what it left in its cgroup goes when the exit is recorded.
+            log.error("process %s: %s; the process had exited too", oid, msg)
+            msg += "; the process had exited too"
+            if is_same(init):  # a zombie, perhaps re-parented to us
+                await self.reaper.wait(init.pid, 10.0)
         else:
-            msg += "; the process was killed"
+            log.error("process %s: %s; killing it", oid, msg)
+            try:
+                await self._kill_unmonitored(oid, init)
+            except Exception as e:  # still recorded: nothing would ever report this exit
+                log.error("process %s: cannot kill it after its monitor died: %s", oid, e)
+                msg += f"; killing the process failed: {e}"
+            else:
+                msg += "; the process was killed"
         conmon.lost_file(self.persist_dir(oid)).write_text(msg)
         tmp = self.exit_dir / f".{oid}.lost"
         tmp.write_text(str(128 + signal.SIGKILL))
         os.replace(tmp, self.exit_file(oid))
         self._watcher.report(oid)
 
-    async def _kill_unmonitored(self, oid: str) -> None:
+    async def _kill_unmonitored(self, oid: str, init: Identity | None) -> None:
         """SIGKILL everything of `oid` through whichever runtime knows it, and reap its
         process: with conmon gone it was re-parented to us (a subreaper)."""
         for runtime in [*self.runtimes.values(), *self._retired.values()]:
             if (runtime.root / oid).exists():
                 await runtime.kill(oid, signal.SIGKILL, all_processes=True)
-        pid = conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
-        if pid:
+        pid = init.pid if init else conmon.read_pid(conmon.pid_file(self.persist_dir(oid)))
+        if pid and (init is None or is_same(init)):  # never wait on a reused pid
             await self.reaper.wait(pid, 10.0)
 
     def monitors_running(self) -> int:
         """How many conmons are being watched now (the metrics' conmon count)."""
         return sum(1 for t in list(self._monitors.values()) if not t.done())
-
-    def monitor_alive(self, oid: str) -> bool:
-        """Whether `oid`'s conmon runs: then so does its process (conmon leaves with it),
-        and nothing needs to ask the runtime (which may hang) at recovery."""
-        return conmon.is_monitor_of(self._monitor_pid(oid), oid)
 
     def monitor_lost(self, oid: str) -> str:
         """Why `oid`'s exit was recorded by pycri instead of conmon ("" if it was not)."""
@@ -259,15 +268,28 @@ class Launcher:
     def _monitor_pid(self, oid: str) -> int:
         return conmon.read_pid(conmon.conmon_pid_file(self.persist_dir(oid)))
 
+    def probe(self, oid: str, init: Identity | None) -> Probe:
+        """What the disk says about `oid`'s process now (file reads: call from a thread).
+        The exit file is read first, so an exit between the reads is seen as GONE, and
+        then conmon's exit file (or the monitor's loss) follows."""
+        path = self.exit_file(oid)
+        try:
+            mtime = path.stat().st_mtime_ns
+            return Probe(Fact.EXITED, parse_exit_code(path.read_text()), mtime)
+        except (FileNotFoundError, ValueError):  # none, or being written: inotify follows
+            pass
+        if not self.bundle_dir(oid).is_dir():
+            return Probe(Fact.LOST)
+        conmon_pid = self._monitor_pid(oid)
+        alive = conmon.is_monitor_of(conmon_pid, oid)
+        fact = Fact.UNKNOWN if init is None else Fact.RUNS if is_alive(init) else Fact.GONE
+        return Probe(fact, conmon_pid=conmon_pid, conmon_alive=alive)
+
     def exit_code(self, oid: str) -> int | None:
         try:
             return parse_exit_code(self.exit_file(oid).read_text())
         except (FileNotFoundError, ValueError):
             return None
-
-    def exit_time(self, oid: str) -> int:
-        """When conmon wrote the exit file (ns): the exit time of an exit we missed."""
-        return self.exit_file(oid).stat().st_mtime_ns
 
     def oom_killed(self, oid: str) -> bool:
         return conmon.oom_killed(self.persist_dir(oid))

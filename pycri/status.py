@@ -11,6 +11,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pycri import __version__
 from pycri.config import Config
@@ -42,10 +43,13 @@ class NodeStatus:
     def __init__(
         self, cfg: Config, store: Store, network: NetworkProbe,
         userns: Support | None = None,
+        recovery: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.cfg = cfg
         self.store = store
         self.network = network
+        # How far the recheck after a restart got (pycri/recovery.py), for verbose Status.
+        self.recovery = recovery
         # pycri stages recursively read-only mounts itself; it needs mount_setattr(2).
         self.recursive_read_only = recursive_readonly_supported()
         self.user_namespaces: dict[str, bool] = {}
@@ -93,4 +97,7 @@ class NodeStatus:
             "podCIDR": self.pod_cidr,
             "version": __version__,
         }
-        return {"info": json.dumps(info, sort_keys=True)}
+        out = {"info": json.dumps(info, sort_keys=True)}
+        if self.recovery is not None:
+            out["recovery"] = json.dumps(self.recovery())
+        return out

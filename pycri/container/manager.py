@@ -47,6 +47,7 @@ from pycri.image.snapshots import Idmap, resolve_within
 from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
+from pycri.monitor.probe import Fact, Probe, identity_of
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.nri import adjust, convert
 from pycri.nri.adaptation import Adaptation
@@ -54,6 +55,7 @@ from pycri.nri.api import api_pb2 as nri_api
 from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
+from pycri.recovery import probed
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
@@ -168,6 +170,7 @@ class ContainerManager:
                                 cfg.cdi.max_spec_files)
         self.checkpoint_support = CheckpointSupport(cfg)
         self._nri_stops: dict[str, asyncio.Task[None]] = {}  # NRI StopContainer in flight
+        self.unchecked: set[str] = set()  # loaded at start, state not rechecked yet
 
     # -- lookup ------------------------------------------------------------------
 
@@ -397,7 +400,7 @@ class ContainerManager:
                 stdin_once=config.stdin_once,
             )
             undo.push_async_callback(self.launcher.delete, c.id, c.handler)
-            c.pid, c.conmon_pid = created.pid, created.conmon_pid
+            c.pid, c.conmon_pid, c.pid_start = created.pid, created.conmon_pid, created.start_time
         # The container's mount namespace holds its own copies now; the host's staged
         # copies would only keep the source's mount points busy (EBUSY on rmdir).
         await asyncio.to_thread(self._unstage, c)
@@ -797,27 +800,18 @@ class ContainerManager:
 
     # -- recovery --------------------------------------------------------------------
 
-    async def recover(self) -> None:
-        """Reload containers; exits missed while down come from the exit files,
-        containers whose runtime state is gone (reboot) come back EXITED."""
+    async def recover(self) -> set[str]:
+        """Reload the records, before the socket serves: no process and no runtime call,
+        so it costs little however many there are. `recheck` then confirms them.
+        Returns the IDs of those the records say run."""
         await asyncio.to_thread(self._sweep_staging)
         if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
             log.info("cleared %d exec session(s) a crash left behind", n)
         for c in self.store.load(KIND, self._load):
             self.containers[c.id] = c
-        # A CreateContainer cut short by a crash: its ID never reached a client, and nobody
-        # else would ever remove it (or free its name).
-        for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
-            log.info("removing container %s left half-created by a crash", c.id)
-            try:
-                await self._remove_locked(c)
-            except Exception as e:  # e.g. its runtime handler left the config
-                log.error("container %s left half-created could not be removed: %s", c.id, e)
-        found = list(self.containers.values())
-        checks = await asyncio.gather(*(self._recheck(c) for c in found), return_exceptions=True)
-        for c, failure in zip(found, checks, strict=True):
-            if isinstance(failure, Exception):
-                log.error("container %s: state not rechecked at start: %s", c.id, failure)
+        self.unchecked = {c.id for c in self.containers.values()
+                          if c.state != pb.CONTAINER_UNKNOWN}
+        return {c.id for c in self.containers.values() if c.state in RUNNING_STATES}
 
     def _load(self, cid: str, rec: dict[str, Any]) -> Container:
         c = Container.from_record(cid, rec)
@@ -826,34 +820,93 @@ class ContainerManager:
             self.names.reserve(c.name_key(sb.config), cid)
         return c
 
-    async def _recheck(self, c: Container) -> None:
-        if c.state not in RUNNING_STATES:
+    async def recheck(self, runtime_calls: asyncio.Semaphore) -> None:
+        """Learn each container's state from the facts on disk (see pycri/recovery.py):
+        exits missed while down come from the exit files, containers whose state is gone
+        (reboot) come back EXITED; the runtime is asked, `runtime_calls` at a time, only
+        about CREATED containers (a start cut short may have gone through) and records
+        of older pycris (no start time)."""
+        found = [c for c in self.containers.values() if c.id in self.unchecked]
+        revisions = {c.id: c.revision for c in found}
+        asks: builtins.list[asyncio.Task[None]] = []
+        async for c, probe in probed(found, lambda c: self.launcher.probe(c.id, c.init)):
+            try:
+                if isinstance(probe, Exception):
+                    raise probe
+                if self._apply_probe(c, revisions[c.id], probe):
+                    asks.append(asyncio.create_task(
+                        self._ask_runtime(c, revisions[c.id], probe, runtime_calls)))
+                    continue
+            except Exception as e:  # one bad object never stops the others' recheck
+                log.error("container %s: state not rechecked at start: %s", c.id, e)
+            self.unchecked.discard(c.id)
+        await self._remove_half_created()
+        await asyncio.gather(*asks)
+
+    def _apply_probe(self, c: Container, revision: int, probe: Probe) -> bool:
+        """Act on what the disk says; True when only the runtime can tell."""
+        if probe.fact is Fact.EXITED:
+            self.on_exit(c.id, probe.exit_code, probe.finished_at)
+            return False
+        if probe.fact is Fact.LOST:
+            if c.state in RUNNING_STATES and self.containers.get(c.id) is c and (
+                    c.revision == revision):
+                self._mark_lost(c)
+            return False
+        if probe.conmon_pid:
+            self.launcher.watch_monitor(c.id, probe.conmon_pid, probe.conmon_alive, c.init)
+        if c.state not in RUNNING_STATES or probe.fact is Fact.GONE:
+            # GONE: conmon writes the exit file (inotify brings it), or the monitor watch
+            # records its loss. Never asks the runtime about a pid that is not ours.
+            return False
+        return not (probe.fact is Fact.RUNS and c.state == pb.CONTAINER_RUNNING)
+
+    async def _ask_runtime(self, c: Container, revision: int, probe: Probe,
+                           runtime_calls: asyncio.Semaphore) -> None:
+        try:
+            async with runtime_calls:
+                state = await self.launcher.state(c.id, c.handler)
+        except PycriError as e:
+            log.error("container %s: state not rechecked at start: %s", c.id, e)
             return
-        code = self.launcher.exit_code(c.id)
-        if code is not None:
-            self.on_exit(c.id, code, self.launcher.exit_time(c.id))
-            return
-        # A live monitor means the process is there; only a CREATED record needs the
-        # runtime, to learn whether a start cut short by a crash went through.
-        alive = self.launcher.monitor_alive(c.id)
-        if alive and c.state != pb.CONTAINER_CREATED:
-            return
-        state = None
-        with contextlib.suppress(PycriError):
-            state = await self.launcher.state(c.id, c.handler)
-        if state is None:
-            if alive:
-                return  # the runtime did not answer; its monitor says it is there
-            c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
-            c.message = "container state was lost (host reboot?)"
-            c.finished_at = time.time_ns()
-            self._save(c)
-        elif c.state == pb.CONTAINER_CREATED and state.get("status") == "running":
-            # A crash after the runtime started it but before the record said so: it runs,
-            # so it must not stay CREATED (a second StartContainer would fail and call it
-            # exited). The start time is when this was found, as the real one was lost.
-            c.state, c.started_at = pb.CONTAINER_RUNNING, time.time_ns()
-            self._save(c)
+        finally:
+            self.unchecked.discard(c.id)
+        async with self._held(c.id) as cur:
+            if cur is None or cur.revision != revision:
+                return  # an RPC or an exit changed it meanwhile: that is newer knowledge
+            if state is None:
+                if not probe.conmon_alive:
+                    self._mark_lost(cur)
+                return
+            status, changed = state.get("status"), False
+            if (not cur.pid_start and status in ("created", "running")
+                    and state.get("pid") == cur.pid and (init := identity_of(cur.pid))):
+                cur.pid_start, changed = init.start, True  # an older pycri's record
+            if cur.state == pb.CONTAINER_CREATED and status == "running":
+                # A crash after the runtime started it but before the record said so: it
+                # runs, so it must not stay CREATED (a second StartContainer would fail
+                # and call it exited). The start time is when this was found.
+                cur.state, cur.started_at, changed = pb.CONTAINER_RUNNING, time.time_ns(), True
+            if changed:
+                self._save(cur)
+
+    def _mark_lost(self, c: Container) -> None:
+        c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
+        c.message = "container state was lost (host reboot?)"
+        c.finished_at = time.time_ns()
+        self._save(c)
+
+    async def _remove_half_created(self) -> None:
+        """A CreateContainer cut short by a crash: its ID never reached a client, and
+        nobody else would ever remove it (or free its name)."""
+        for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
+            log.info("removing container %s left half-created by a crash", c.id)
+            try:
+                async with self._held(c.id) as cur:
+                    if cur is not None:
+                        await self._remove_locked(cur)
+            except Exception as e:  # e.g. its runtime handler left the config
+                log.error("container %s left half-created could not be removed: %s", c.id, e)
 
 
 def _with_pod_namespaces(

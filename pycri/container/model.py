@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
+from pycri.monitor.probe import Identity
 
 KIND = "container"
 
@@ -29,6 +30,9 @@ class Container:
     message: str = ""
     pid: int = 0
     conmon_pid: int = 0
+    # The init's start time (/proc/<pid>/stat field 22): with `pid` it names the process
+    # after a restart. 0 in records of older pycris and while not known.
+    pid_start: int = 0
     stop_signal: str = ""
     uid: int = 0
     gid: int = 0
@@ -50,6 +54,11 @@ class Container:
         so RemoveContainer finds the views after a restart."""
         return [(i, f"{self.id}-vol{i}") for i, m in enumerate(self.config.mounts)
                 if m.image.image]
+
+    @property
+    def init(self) -> Identity | None:
+        """The container's init process, if its identity is known."""
+        return Identity(self.pid, self.pid_start) if self.pid and self.pid_start else None
 
     def to_record(self) -> dict[str, Any]:
         rec = asdict(self)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from pycri import procs
 from pycri.errors import DeadlineExceeded, FailedPrecondition, InvalidArgument, PycriError
+from pycri.monitor.probe import identity_of
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, check_id, runtime_failure
 
@@ -38,6 +39,10 @@ class Created:
 
     pid: int
     conmon_pid: int
+    # The process's start time (/proc/<pid>/stat field 22), read while it certainly is
+    # ours: with the pid it names the process after a restart, even once the pid is
+    # reused. 0 if it could not be read (it exited at once).
+    start_time: int = 0
 
 
 def ctl_path(bundle: Path) -> Path:
@@ -218,7 +223,9 @@ async def create(
                 reaper.watch(conmon_pid)
             hold.close()
             pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
-        return Created(pid=pid, conmon_pid=conmon_pid)
+        # `runtime init` waits for its start, a child of conmon: this pid is the process.
+        init = identity_of(pid)
+        return Created(pid=pid, conmon_pid=conmon_pid, start_time=init.start if init else 0)
     except BaseException as e:
         await _undo(cid, bundle, runtime, persist_dir, made_persist, Path(log_path), made_log,
                     conmon_pid, reaper)  # fmt: skip

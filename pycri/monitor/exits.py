@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -85,6 +85,10 @@ class ExitWatcher:
             if entry.is_file() and _is_exit_name(entry.name) and self._report(entry.name):
                 seen.append(entry.name)
         return seen
+
+    def present(self, among: Collection[str]) -> list[str]:
+        """Which of `among` have an exit file: one directory listing, no file read."""
+        return sorted(n for n in os.listdir(self.exit_dir) if n in among)
 
     def _on_readable(self) -> None:
         try:

@@ -33,6 +33,7 @@ from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import Idmap
 from pycri.launcher import Launcher
+from pycri.monitor.probe import Fact, Probe, identity_of
 from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
 from pycri.network import (
     DNS,
@@ -49,6 +50,7 @@ from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
+from pycri.recovery import probed
 from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
@@ -141,6 +143,7 @@ class SandboxManager:
         self.selinux = selinux.enabled()
         # What this host can do for pods with their own user namespace (probed at start).
         self.userns_support: userns.Support | None = None
+        self.unchecked: set[str] = set()  # loaded at start, state not rechecked yet
 
     # -- lookup ------------------------------------------------------------------
 
@@ -330,6 +333,7 @@ class SandboxManager:
             undo.push_async_callback(self._kill_infra, sb)
             await self.launcher.start(sb.id, sb.handler)
             sb.infra_pid, sb.conmon_pid = created.pid, created.conmon_pid
+            sb.infra_start = created.start_time
 
     async def _pod_cgroup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
         """A pod without a cgroup_parent that sets pod-level limits gets a pod cgroup of
@@ -600,17 +604,79 @@ class SandboxManager:
             self._save(sb)
             self._publish(sb, events.STOPPED)
 
-    async def recover(self) -> None:
-        """Reload sandboxes; one whose infra is gone (crash, reboot) comes back NOTREADY."""
+    async def recover(self) -> set[str]:
+        """Reload the records, before the socket serves (no process, no runtime call);
+        `recheck` then confirms that the READY ones still are. Returns their IDs."""
         for sb in self.store.load(KIND, self._load):
             self.sandboxes[sb.id] = sb
-        ready = [sb for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY]
-        checks = await asyncio.gather(*(self._recheck(sb) for sb in ready),
-                                      return_exceptions=True)
-        for sb, failure in zip(ready, checks, strict=True):
-            if isinstance(failure, Exception):
-                log.error("pod %s: state not rechecked at start: %s", sb.id, failure)
+        self.unchecked = set(self.sandboxes)
+        return {sb.id for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY}
+
+    async def recheck(self, runtime_calls: asyncio.Semaphore) -> None:
+        """A pod whose infra is gone (crash, reboot) comes back NOTREADY: decided from the
+        facts on disk (see pycri/recovery.py); the runtime is asked, `runtime_calls` at a
+        time, only about records of older pycris (no infra start time)."""
+        found = [sb for sb in self.sandboxes.values() if sb.id in self.unchecked]
+        revisions = {sb.id: sb.revision for sb in found}
+        asks: builtins.list[asyncio.Task[None]] = []
+        async for sb, facts in probed(found, self._probe):
+            try:
+                if isinstance(facts, Exception):
+                    raise facts
+                if self._apply_probe(sb, revisions[sb.id], *facts):
+                    asks.append(asyncio.create_task(
+                        self._ask_runtime(sb, revisions[sb.id], runtime_calls)))
+                    continue
+            except Exception as e:  # one bad object never stops the others' recheck
+                log.error("pod %s: state not rechecked at start: %s", sb.id, e)
+            self.unchecked.discard(sb.id)
+        await asyncio.gather(*asks)
         await self._release_orphan_leases()
+
+    def _apply_probe(self, sb: Sandbox, revision: int, probe: Probe, netns: bool) -> bool:
+        """Act on what the disk says; True when only the runtime can tell."""
+        if probe.conmon_pid and probe.fact not in (Fact.EXITED, Fact.LOST):
+            self.launcher.watch_monitor(sb.id, probe.conmon_pid, probe.conmon_alive, sb.infra)
+        if sb.state != pb.SANDBOX_READY or (probe.fact is Fact.RUNS and netns):
+            return False
+        if probe.fact is Fact.EXITED:
+            if sb.revision == revision:
+                self.on_exit(sb.id, probe.exit_code, probe.finished_at)
+            return False
+        if probe.fact is Fact.UNKNOWN and netns:
+            return True
+        self._not_survived(sb, revision)
+        return False
+
+    def _probe(self, sb: Sandbox) -> tuple[Probe, bool]:
+        """The infra's facts, and whether the pod's network namespace is still there."""
+        return self.launcher.probe(sb.id, sb.infra), not sb.netns or Path(sb.netns).exists()
+
+    async def _ask_runtime(self, sb: Sandbox, revision: int,
+                           runtime_calls: asyncio.Semaphore) -> None:
+        state = None
+        try:
+            with contextlib.suppress(PycriError):
+                async with runtime_calls:
+                    state = await self.launcher.state(sb.id, sb.handler)
+        finally:
+            self.unchecked.discard(sb.id)
+        running = state is not None and state.get("status") == "running"
+        if running and state is not None and state.get("pid") == sb.infra_pid and (
+                init := identity_of(sb.infra_pid)) and sb.revision == revision:
+            sb.infra_start = init.start  # an older pycri's record: learn it now
+            self._save(sb)
+            revision = sb.revision
+        if not running:
+            self._not_survived(sb, revision)
+
+    def _not_survived(self, sb: Sandbox, revision: int) -> None:
+        """Mark a READY pod NOTREADY, unless an RPC changed (or removed) it meanwhile."""
+        if (self.sandboxes.get(sb.id) is sb and sb.revision == revision
+                and sb.state == pb.SANDBOX_READY):
+            log.info("pod %s did not survive; marking NOTREADY", sb.id)
+            sb.state = pb.SANDBOX_NOTREADY
+            self._save(sb)
 
     def _load(self, sid: str, rec: dict[str, Any]) -> Sandbox:
         sb = Sandbox.from_record(sid, rec)
@@ -643,16 +709,3 @@ class SandboxManager:
             return
         log.error("CNI state of vanished pod %s is unusable (%s: %s); moved to %s",
                   sid, type(error).__name__, error, where)
-
-    async def _recheck(self, sb: Sandbox) -> None:
-        alive = self.launcher.monitor_alive(sb.id)
-        if not alive:
-            state = None
-            with contextlib.suppress(PycriError):
-                state = await self.launcher.state(sb.id, sb.handler)
-            alive = state is not None and state.get("status") == "running"
-        if not alive or (sb.netns and not Path(sb.netns).exists()):
-            log.info("pod %s did not survive; marking NOTREADY", sb.id)
-            sb.state = pb.SANDBOX_NOTREADY
-            self._save(sb)
-

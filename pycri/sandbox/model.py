@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
+from pycri.monitor.probe import Identity
 
 KIND = "sandbox"
 
@@ -27,6 +28,7 @@ class Sandbox:
     netns: str = ""  # pinned path; "" for host network
     ips: list[str] = field(default_factory=list)
     infra_pid: int = 0
+    infra_start: int = 0  # its start time (see Container.pid_start); 0 if not known
     conmon_pid: int = 0
     cgroup_parent: str = ""
     own_cgroup: bool = False  # cgroup_parent is the pod cgroup pycri made (podcgroup.py)
@@ -42,6 +44,12 @@ class Sandbox:
     def name(self) -> str:
         return name_key(self.config.metadata)
 
+    @property
+    def infra(self) -> Identity | None:
+        """The infra process, if its identity is known."""
+        return Identity(self.infra_pid, self.infra_start) if (
+            self.infra_pid and self.infra_start) else None
+
     def to_record(self) -> dict[str, Any]:
         return {
             "config": base64.b64encode(self.config.SerializeToString()).decode(),
@@ -52,6 +60,7 @@ class Sandbox:
             "netns": self.netns,
             "ips": self.ips,
             "infra_pid": self.infra_pid,
+            "infra_start": self.infra_start,
             "conmon_pid": self.conmon_pid,
             "cgroup_parent": self.cgroup_parent,
             "own_cgroup": self.own_cgroup,
@@ -72,6 +81,7 @@ class Sandbox:
             netns=rec["netns"],
             ips=list(rec["ips"]),
             infra_pid=rec["infra_pid"],
+            infra_start=rec.get("infra_start", 0),  # absent in older pycris' records
             conmon_pid=rec["conmon_pid"],
             cgroup_parent=rec["cgroup_parent"],
             own_cgroup=rec.get("own_cgroup", False),
