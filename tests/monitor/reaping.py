@@ -22,7 +22,7 @@ from typing import Any
 from pycri import procs
 from pycri.monitor import reaper as reaper_mod
 from pycri.monitor.reaper import Reaper
-from tests.monitor.starter import ppid_of, zombie_children
+from tests.monitor.starter import children, ppid_of, zombie_children
 
 # Prints the pid of a grandchild that is re-parented to us at once and exits later.
 ORPHAN = "( sleep {delay} </dev/null >/dev/null 2>&1 & echo $! )"
@@ -106,7 +106,7 @@ async def no_steal(reaper: Reaper) -> dict[str, Any]:
     status = results[0]
     codes = results[1:]
     wrong = [i for i, rc in enumerate(codes) if rc != i % 256]
-    await until(lambda: not zombie_children(), 10)
+    await until(lambda: not children(), 10)  # every orphan exited and reaped
     return {
         "wrong": wrong,
         "count": len(codes),
@@ -167,7 +167,7 @@ async def threaded(reaper: Reaper) -> dict[str, Any]:
 
     results = await asyncio.gather(orphans(), *(asyncio.to_thread(call, i) for i in range(200)))
     codes = results[1:]
-    await until(lambda: not zombie_children(), 10)
+    await until(lambda: not children(), 10)  # every orphan exited and reaped
     return {"wrong": [i for i, rc in enumerate(codes) if rc != i % 100],
             "zombies": zombie_children()}  # fmt: skip
 

@@ -22,7 +22,16 @@ from pycri.oci.runtime import OCIRuntime
 from tests.monitor.ocibundle import RUNTIMES
 
 
+def children() -> list[int]:
+    """Every child of this process, running or a zombie."""
+    return _children(zombies_only=False)
+
+
 def zombie_children() -> list[int]:
+    return _children(zombies_only=True)
+
+
+def _children(zombies_only: bool) -> list[int]:
     me = os.getpid()
     found = []
     for d in Path("/proc").iterdir():
@@ -32,7 +41,7 @@ def zombie_children() -> list[int]:
             fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[0] == "Z" and int(fields[1]) == me:
+        if int(fields[1]) == me and (fields[0] == "Z" or not zombies_only):
             found.append(int(d.name))
     return found
 
