@@ -216,6 +216,11 @@ class ContainerManager:
     def of_sandbox(self, sandbox_id: str) -> list[Container]:
         return [c for c in self.containers.values() if c.sandbox_id == sandbox_id]
 
+    def known_of_sandbox(self, sandbox_id: str) -> list[Container]:
+        """The pod's containers whose state is known: what its status, events and stats
+        report (an UNKNOWN one is left out until its recheck)."""
+        return [c for c in self.of_sandbox(sandbox_id) if c.state != pb.CONTAINER_UNKNOWN]
+
     # -- create ------------------------------------------------------------------
 
     async def create(
@@ -759,8 +764,7 @@ class ContainerManager:
         return await self._pod_sample(self.sandboxes.list(flt))
 
     async def _pod_sample(self, pods: builtins.list[Sandbox]) -> builtins.list[PodUsage]:
-        members = {sb.id: [c for c in self.of_sandbox(sb.id) if c.state != pb.CONTAINER_UNKNOWN]
-                   for sb in pods}
+        members = {sb.id: self.known_of_sandbox(sb.id) for sb in pods}
         samples = await self._sample([c for sb in pods for c in members[sb.id]])
         by_id = {u.container.id: u for u in samples}
         live = {sb.id: sb.state == pb.SANDBOX_READY and not sb.host_network for sb in pods}

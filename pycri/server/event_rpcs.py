@@ -34,9 +34,7 @@ class EventRPCs:
         if sb is not None:
             msg.pod_sandbox_status.CopyFrom(sandbox_status(sb))
             msg.containers_statuses.extend(
-                container_status(c) for c in self.containers.of_sandbox(sb.id)
-                if c.state != pb.CONTAINER_UNKNOWN
-            )
+                container_status(c) for c in self.containers.known_of_sandbox(sb.id))
         return msg
 
     async def GetContainerEvents(

@@ -91,8 +91,7 @@ class SandboxRPCs:
         return pb.PodSandboxStatusResponse(
             status=self._sandbox_statuses.get(sb), info=info,
             containers_statuses=self._container_statuses.all(
-                [c for c in self.containers.of_sandbox(sb.id)
-                 if c.state != pb.CONTAINER_UNKNOWN]),
+                self.containers.known_of_sandbox(sb.id)),
             timestamp=time.time_ns(),
         )
 
