@@ -15,12 +15,10 @@ import functools
 import json
 import logging
 import os
-import posixpath
 import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,37 +56,10 @@ from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.recovery import probed
 from pycri.sandbox.manager import SandboxManager, step
 from pycri.sandbox.model import Sandbox
-from pycri.stats import netdev
-from pycri.stats.cgroups import Usage, read_pod, read_usage, relative_dir
-from pycri.stats.cgroups import add as add_usage
 from pycri.store import Store
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ContainerUsage:
-    """One stats sample of a container (ContainerStats / ListContainerStats)."""
-
-    container: Container
-    timestamp: int
-    usage: Usage
-    nano_cores: int  # CPU rate since the previous sample; 0 for the first one
-    writable_bytes: int
-    writable_inodes: int
-    mountpoint: str
-
-
-@dataclass(frozen=True)
-class PodUsage:
-    """One stats sample of a pod: its containers' usage summed, and its network."""
-
-    sandbox: Sandbox
-    timestamp: int
-    usage: Usage
-    nano_cores: int
-    interfaces: list[netdev.Interface]
-    containers: list[ContainerUsage]
 
 KILL_WAIT = 30.0
 RUNNING_STATES = (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING)
@@ -163,7 +134,6 @@ class ContainerManager:
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
         self.rro_root = mounts.staging_area(cfg.state)
-        self._cpu_samples: dict[str, tuple[int, int]] = {}  # id -> (time ns, cpu ns)
         self._starting: set[str] = set()  # StartContainer in flight
         self._reaping: dict[str, asyncio.Task[int]] = {}  # leftovers being killed
         self.cdi = cdi.Registry(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
@@ -583,7 +553,6 @@ class ContainerManager:
         self._unstage(c)  # left only by a crash during create
         if not c.log_path:
             (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
-        self._cpu_samples.pop(c.id, None)
         await self.nri.remove_container(c)
         self._forget(c)
         self._publish(c, events.DELETED)
@@ -713,94 +682,6 @@ class ContainerManager:
     def exec_root(self) -> Path:
         """ExecSync work dirs: root-only, and swept at start (a crash leaves them)."""
         return Path(self.cfg.state) / "exec"
-
-    # -- stats -----------------------------------------------------------------------
-
-    # Sampling walks writable layers and reads cgroup files in a worker thread, so a
-    # container with a million files cannot stall every other RPC. The thread only reads
-    # files; the records and the CPU-rate memory are touched on the event loop alone.
-
-    async def stats(self, cid: str) -> ContainerUsage:
-        return (await self._sample([self.get(cid)]))[0]
-
-    async def list_stats(
-        self, flt: pb.ContainerStatsFilter | None
-    ) -> builtins.list[ContainerUsage]:
-        return await self._sample(self.list(flt))
-
-    async def _sample(self, found: builtins.list[Container]) -> builtins.list[ContainerUsage]:
-        running = [c.state in RUNNING_STATES for c in found]
-        readings = await asyncio.to_thread(
-            lambda: [self._read(c, r) for c, r in zip(found, running, strict=True)]
-        )
-        return [self._rate(c, *reading) for c, reading in zip(found, readings, strict=True)]
-
-    def _read(self, c: Container, running: bool) -> tuple[int, Usage, int, int]:
-        """(time, cgroup usage, writable bytes, writable inodes); file reads only."""
-        now = time.time_ns()
-        usage = read_usage(c.cgroups_path) if running else Usage()
-        try:
-            used, inodes = self.images.rootfs_usage(c.id)
-        except NotFound:  # the writable layer went with a reboot
-            used = inodes = 0
-        return now, usage, used, inodes
-
-    def _rate(self, c: Container, now: int, usage: Usage, used: int, inodes: int) -> ContainerUsage:
-        """Add the CPU rate since the previous sample (kept only for live containers)."""
-        prev = self._cpu_samples.get(c.id)
-        if c.id in self.containers:
-            self._cpu_samples[c.id] = (now, usage.cpu_ns)
-        nano_cores = 0
-        if prev is not None and now > prev[0] and usage.cpu_ns >= prev[1]:
-            nano_cores = (usage.cpu_ns - prev[1]) * 10**9 // (now - prev[0])
-        return ContainerUsage(c, now, usage, nano_cores, used, inodes, str(self.images.root))
-
-    async def pod_stats(self, sandbox_id: str) -> PodUsage:
-        return (await self._pod_sample([self.sandboxes.get(sandbox_id)]))[0]
-
-    async def list_pod_stats(
-        self, flt: pb.PodSandboxStatsFilter | None
-    ) -> builtins.list[PodUsage]:
-        return await self._pod_sample(self.sandboxes.list(flt))
-
-    async def _pod_sample(self, pods: builtins.list[Sandbox]) -> builtins.list[PodUsage]:
-        members = {sb.id: self.known_of_sandbox(sb.id) for sb in pods}
-        samples = await self._sample([c for sb in pods for c in members[sb.id]])
-        by_id = {u.container.id: u for u in samples}
-        live = {sb.id: sb.state == pb.SANDBOX_READY and not sb.host_network for sb in pods}
-        ifaces = await asyncio.to_thread(
-            lambda: {sb.id: netdev.interfaces(sb.infra_pid) if live[sb.id] else []
-                     for sb in pods}
-        )
-        cgroups = {sb.id: self._pod_cgroup(sb) for sb in pods}
-        own = await asyncio.to_thread(
-            lambda: {sid: read_pod(rel) if rel else (None, {}) for sid, rel in cgroups.items()}
-        )
-        out = []
-        for sb in pods:
-            mine = [by_id[c.id] for c in members[sb.id]]
-            limit, pressure = own[sb.id]
-            summed = functools.reduce(add_usage, (u.usage for u in mine), Usage())
-            out.append(PodUsage(
-                sandbox=sb,
-                timestamp=time.time_ns(),
-                usage=replace(summed, memory_limit=limit, pressure=pressure),
-                nano_cores=sum(u.nano_cores for u in mine),
-                interfaces=ifaces[sb.id],
-                containers=mine,
-            ))
-        return out
-
-    def _pod_cgroup(self, sb: Sandbox) -> str | None:
-        """The pod's own cgroup directory (relative to a hierarchy), the parent of its
-        infra's; None when the pod has none (no cgroup_parent: the parent is shared)."""
-        if not sb.cgroup_parent or sb.state != pb.SANDBOX_READY:
-            return None
-        try:
-            infra = spec.cgroups_path(sb.cgroup_parent, self.cfg.cgroup_driver, sb.id)
-        except InvalidArgument:
-            return None
-        return posixpath.dirname(relative_dir(infra)) or None
 
     # -- recovery --------------------------------------------------------------------
 

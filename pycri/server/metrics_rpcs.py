@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import ContainerManager
 from pycri.server.errors import rpc
 from pycri.server.streamed import streamed_list
-from pycri.stats.metrics import COUNTER, DESCRIPTORS, MetricsCollector, PodMetrics, Sample
+from pycri.stats.collector import StatsCollector
+from pycri.stats.metrics import COUNTER, DESCRIPTORS, PodMetrics, Sample
 
 Ctx = grpc.aio.ServicerContext
 
@@ -36,7 +36,7 @@ def pod_metrics(p: PodMetrics) -> pb.PodSandboxMetrics:
 
 
 class MetricsRPCs:
-    containers: ContainerManager
+    stats: StatsCollector
 
     @rpc
     async def ListMetricDescriptors(
@@ -51,7 +51,7 @@ class MetricsRPCs:
     async def ListPodSandboxMetrics(
         self, request: pb.ListPodSandboxMetricsRequest, context: Ctx
     ) -> pb.ListPodSandboxMetricsResponse:
-        pods = await MetricsCollector(self.containers).collect()
+        pods = await self.stats.pod_metrics()
         return pb.ListPodSandboxMetricsResponse(pod_metrics=[pod_metrics(p) for p in pods])
 
     StreamPodSandboxMetrics = streamed_list(

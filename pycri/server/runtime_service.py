@@ -19,6 +19,7 @@ from pycri.server.sandbox_rpcs import SandboxRPCs
 from pycri.server.stats_rpcs import StatsRPCs
 from pycri.server.streaming_rpcs import StreamingRPCs
 from pycri.server.unimplemented import complete
+from pycri.stats.collector import StatsCollector
 from pycri.status import KUBE_API_VERSION, RUNTIME_API_VERSION, RUNTIME_NAME, NodeStatus
 from pycri.streaming import StreamingServer
 
@@ -48,6 +49,7 @@ class RuntimeServicer(
         self.node = node
         self.sandboxes = sandboxes
         self.containers = containers
+        self.stats = StatsCollector(sandboxes, containers)
         self.streaming = streaming
         self.list_chunks = node.cfg.lists  # how the Stream* lists cut their answer
         self.checkpoints = CheckpointManager(containers, sandboxes, containers.checkpoint_support)

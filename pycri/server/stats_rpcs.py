@@ -5,10 +5,10 @@ from __future__ import annotations
 import grpc
 
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import ContainerManager, ContainerUsage, PodUsage
 from pycri.server.errors import rpc
 from pycri.server.streamed import streamed_list
 from pycri.stats.cgroups import Pressure, Usage
+from pycri.stats.collector import ContainerUsage, PodUsage, StatsCollector
 
 Ctx = grpc.aio.ServicerContext
 
@@ -112,14 +112,14 @@ def pod_stats(p: PodUsage) -> pb.PodSandboxStats:
 
 
 class StatsRPCs:
-    containers: ContainerManager
+    stats: StatsCollector
 
     @rpc
     async def ContainerStats(
         self, request: pb.ContainerStatsRequest, context: Ctx
     ) -> pb.ContainerStatsResponse:
         return pb.ContainerStatsResponse(
-            stats=container_stats(await self.containers.stats(request.container_id))
+            stats=container_stats(await self.stats.container(request.container_id))
         )
 
     @rpc
@@ -128,7 +128,7 @@ class StatsRPCs:
     ) -> pb.ListContainerStatsResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListContainerStatsResponse(
-            stats=[container_stats(u) for u in await self.containers.list_stats(flt)]
+            stats=[container_stats(u) for u in await self.stats.list_containers(flt)]
         )
 
     StreamContainerStats = streamed_list(
@@ -141,7 +141,7 @@ class StatsRPCs:
         self, request: pb.PodSandboxStatsRequest, context: Ctx
     ) -> pb.PodSandboxStatsResponse:
         return pb.PodSandboxStatsResponse(
-            stats=pod_stats(await self.containers.pod_stats(request.pod_sandbox_id))
+            stats=pod_stats(await self.stats.pod(request.pod_sandbox_id))
         )
 
     @rpc
@@ -150,7 +150,7 @@ class StatsRPCs:
     ) -> pb.ListPodSandboxStatsResponse:
         flt = request.filter if request.HasField("filter") else None
         return pb.ListPodSandboxStatsResponse(
-            stats=[pod_stats(p) for p in await self.containers.list_pod_stats(flt)]
+            stats=[pod_stats(p) for p in await self.stats.list_pods(flt)]
         )
 
     StreamPodSandboxStats = streamed_list(

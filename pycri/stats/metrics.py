@@ -13,7 +13,6 @@ the writable layer and the filesystem holding it, and the infra process's
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import time
@@ -22,10 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycri.api import api_pb2 as pb
-from pycri.container.manager import RUNNING_STATES, ContainerManager
 from pycri.container.model import Container
-from pycri.errors import NotFound
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
 from pycri.stats.cgroups import CGROUP_ROOT, Pressure, read_pressure, relative_dir, unified_dir
@@ -418,7 +414,7 @@ def block_device_name(major: int, minor: int, sys_root: Path = Path("/sys")) -> 
     return f"{major}:{minor}"
 
 
-# -- the collector ---------------------------------------------------------------------
+# -- samples of a pod -------------------------------------------------------------------
 
 
 def _resource(resources: dict[str, Any], key: str) -> int:
@@ -439,85 +435,68 @@ class Filesystem:
     inodes_free: int
 
 
-class MetricsCollector:
-    """Samples every ready pod and its created/running containers for ListPodSandboxMetrics."""
+def filesystem(root: Path) -> Filesystem:
+    """The filesystem holding `root` (the image root), with its mount's source as name."""
+    st, vfs = os.stat(root), os.statvfs(root)
+    device = mount_source(_text(Path("/proc/self/mountinfo")), os.major(st.st_dev),
+                          os.minor(st.st_dev))
+    return Filesystem(device, vfs.f_blocks * vfs.f_frsize, vfs.f_files, vfs.f_favail)
 
-    def __init__(self, containers: ContainerManager, cgroup_root: Path = CGROUP_ROOT) -> None:
-        self.containers = containers
-        self.cgroup_root = cgroup_root
 
-    async def collect(self) -> list[PodMetrics]:
-        """Records are picked here, on the event loop; the file reads run in a thread."""
-        pods = [
-            (sb, [c for c in self.containers.of_sandbox(sb.id) if c.state in RUNNING_STATES])
-            for sb in self.containers.sandboxes.list(None) if sb.state == pb.SANDBOX_READY
-        ]
-        return await asyncio.to_thread(self._collect, pods)
+def pod_metrics(sb: Sandbox, containers: Sequence[tuple[Container, int]], fs: Filesystem,
+                cgroup_root: Path = CGROUP_ROOT) -> PodMetrics:
+    """The samples of one pod: its network, then each container with the bytes of its
+    writable layer (which the caller measured)."""
+    md = sb.config.metadata
+    emit = _Emitter((md.name, md.namespace, "", sb.id, ""), time.time_ns())
+    if not sb.host_network:
+        for i in netdev.interfaces(sb.infra_pid):
+            emit("container_network_receive_bytes_total", i.rx_bytes, i.name)
+            emit("container_network_receive_packets_total", i.rx_packets, i.name)
+            emit("container_network_receive_packets_dropped_total", i.rx_dropped, i.name)
+            emit("container_network_receive_errors_total", i.rx_errors, i.name)
+            emit("container_network_transmit_bytes_total", i.tx_bytes, i.name)
+            emit("container_network_transmit_packets_total", i.tx_packets, i.name)
+            emit("container_network_transmit_packets_dropped_total", i.tx_dropped, i.name)
+            emit("container_network_transmit_errors_total", i.tx_errors, i.name)
+    return PodMetrics(sb.id, emit.samples,
+                      [_container(sb, c, used, fs, cgroup_root) for c, used in containers])
 
-    def _collect(self, pods: list[tuple[Sandbox, list[Container]]]) -> list[PodMetrics]:
-        fs = self._filesystem()
-        return [self._pod(sb, cs, fs) for sb, cs in pods]
 
-    def _filesystem(self) -> Filesystem:
-        root = self.containers.images.root
-        st, vfs = os.stat(root), os.statvfs(root)
-        device = mount_source(_text(Path("/proc/self/mountinfo")), os.major(st.st_dev),
-                              os.minor(st.st_dev))
-        return Filesystem(device, vfs.f_blocks * vfs.f_frsize, vfs.f_files, vfs.f_favail)
-
-    def _pod(self, sb: Sandbox, containers: Sequence[Container], fs: Filesystem) -> PodMetrics:
-        md = sb.config.metadata
-        emit = _Emitter((md.name, md.namespace, "", sb.id, ""), time.time_ns())
-        if not sb.host_network:
-            for i in netdev.interfaces(sb.infra_pid):
-                emit("container_network_receive_bytes_total", i.rx_bytes, i.name)
-                emit("container_network_receive_packets_total", i.rx_packets, i.name)
-                emit("container_network_receive_packets_dropped_total", i.rx_dropped, i.name)
-                emit("container_network_receive_errors_total", i.rx_errors, i.name)
-                emit("container_network_transmit_bytes_total", i.tx_bytes, i.name)
-                emit("container_network_transmit_packets_total", i.tx_packets, i.name)
-                emit("container_network_transmit_packets_dropped_total", i.tx_dropped, i.name)
-                emit("container_network_transmit_errors_total", i.tx_errors, i.name)
-        return PodMetrics(sb.id, emit.samples,
-                          [self._container(sb, c, fs) for c in containers])
-
-    def _container(self, sb: Sandbox, c: Container, fs: Filesystem) -> ContainerMetrics:
-        md = sb.config.metadata
-        now = time.time_ns()
-        emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id,
-                         c.config.image.image), now)
-        r = read_cgroup(c.cgroups_path, self.cgroup_root)
-        _emit_cpu_memory(emit, r)
-        _emit_io(emit, r)
-        try:
-            used, _ = self.containers.images.rootfs_usage(c.id)
-        except (NotFound, OSError):  # removed while being sampled, or lost with a reboot
-            used = 0
-        emit("container_fs_usage_bytes", used, fs.device)
-        emit("container_fs_limit_bytes", fs.size, fs.device)
-        emit("container_fs_inodes_total", fs.inodes, fs.device)
-        emit("container_fs_inodes_free", fs.inodes_free, fs.device)
-        fds, sockets = count_fds(r.procs)
-        emit("container_processes", len(r.procs))
-        emit("container_threads", r.threads)
-        emit("container_threads_max", r.threads_max)
-        emit("container_file_descriptors", fds)
-        emit("container_sockets", sockets)
-        nofile = parse_soft_nofile(_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
-        if nofile is not None:
-            emit("container_ulimits_soft", nofile, "max_open_files")
-        emit("container_last_seen", now // NS_PER_S)
-        if c.started_at:
-            emit("container_start_time_seconds", c.started_at // NS_PER_S)
-        res = c.resources
-        emit("container_spec_cpu_period", _resource(res, "cpu_period"))
-        if _resource(res, "cpu_quota"):
-            emit("container_spec_cpu_quota", _resource(res, "cpu_quota"))
-        emit("container_spec_cpu_shares", _resource(res, "cpu_shares"))
-        emit("container_spec_memory_limit_bytes", _resource(res, "memory_limit_in_bytes"))
-        emit("container_spec_memory_swap_limit_bytes",
-             _resource(res, "memory_swap_limit_in_bytes"))
-        return ContainerMetrics(c.id, emit.samples)
+def _container(sb: Sandbox, c: Container, used: int, fs: Filesystem,
+               cgroup_root: Path) -> ContainerMetrics:
+    md = sb.config.metadata
+    now = time.time_ns()
+    emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id,
+                     c.config.image.image), now)
+    r = read_cgroup(c.cgroups_path, cgroup_root)
+    _emit_cpu_memory(emit, r)
+    _emit_io(emit, r)
+    emit("container_fs_usage_bytes", used, fs.device)
+    emit("container_fs_limit_bytes", fs.size, fs.device)
+    emit("container_fs_inodes_total", fs.inodes, fs.device)
+    emit("container_fs_inodes_free", fs.inodes_free, fs.device)
+    fds, sockets = count_fds(r.procs)
+    emit("container_processes", len(r.procs))
+    emit("container_threads", r.threads)
+    emit("container_threads_max", r.threads_max)
+    emit("container_file_descriptors", fds)
+    emit("container_sockets", sockets)
+    nofile = parse_soft_nofile(_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
+    if nofile is not None:
+        emit("container_ulimits_soft", nofile, "max_open_files")
+    emit("container_last_seen", now // NS_PER_S)
+    if c.started_at:
+        emit("container_start_time_seconds", c.started_at // NS_PER_S)
+    res = c.resources
+    emit("container_spec_cpu_period", _resource(res, "cpu_period"))
+    if _resource(res, "cpu_quota"):
+        emit("container_spec_cpu_quota", _resource(res, "cpu_quota"))
+    emit("container_spec_cpu_shares", _resource(res, "cpu_shares"))
+    emit("container_spec_memory_limit_bytes", _resource(res, "memory_limit_in_bytes"))
+    emit("container_spec_memory_swap_limit_bytes",
+         _resource(res, "memory_swap_limit_in_bytes"))
+    return ContainerMetrics(c.id, emit.samples)
 
 
 def _emit_cpu_memory(emit: _Emitter, r: CgroupReading) -> None:
