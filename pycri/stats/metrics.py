@@ -24,7 +24,14 @@ from typing import Any
 from pycri.container.model import Container
 from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
-from pycri.stats.cgroups import CGROUP_ROOT, Pressure, read_pressure, relative_dir, unified_dir
+from pycri.stats.cgroups import (
+    CGROUP_ROOT,
+    Pressure,
+    read_pressure,
+    read_text,
+    relative_dir,
+    unified_dir,
+)
 
 COUNTER, GAUGE = "counter", "gauge"
 BASE_LABELS = ("pod", "namespace", "container", "id", "image")
@@ -300,19 +307,12 @@ class CgroupReading:
     threads_max: int = 0
 
 
-def _text(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
 def _int(path: Path) -> int:
-    return parse_limit(_text(path))
+    return parse_limit(read_text(path))
 
 
 def _pids(path: Path) -> list[int]:
-    return [int(p) for p in _text(path).split() if p.isdigit()]
+    return [int(p) for p in read_text(path).split() if p.isdigit()]
 
 
 def read_cgroup(cgroups_path: str, root: Path = CGROUP_ROOT) -> CgroupReading:
@@ -327,14 +327,14 @@ def _read_v1(root: Path, rel: str) -> CgroupReading:
     r = CgroupReading()
     acct, mem_dir, pids_dir = root / "cpuacct" / rel, root / "memory" / rel, root / "pids" / rel
     r.cpu_ns = _int(acct / "cpuacct.usage")
-    ticks = parse_keyed(_text(acct / "cpuacct.stat"))  # in USER_HZ
+    ticks = parse_keyed(read_text(acct / "cpuacct.stat"))  # in USER_HZ
     hz = os.sysconf("SC_CLK_TCK")
     r.user_ns = ticks.get("user", 0) * NS_PER_S // hz
     r.system_ns = ticks.get("system", 0) * NS_PER_S // hz
-    cpu = parse_keyed(_text(root / "cpu" / rel / "cpu.stat"))
+    cpu = parse_keyed(read_text(root / "cpu" / rel / "cpu.stat"))
     r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
     r.throttled_ns = cpu.get("throttled_time", 0)
-    stat = parse_keyed(_text(mem_dir / "memory.stat"))
+    stat = parse_keyed(read_text(mem_dir / "memory.stat"))
     r.memory = _int(mem_dir / "memory.usage_in_bytes")
     r.max_memory = _int(mem_dir / "memory.max_usage_in_bytes")
     r.working_set = max(0, r.memory - stat.get("total_inactive_file", 0))
@@ -342,7 +342,7 @@ def _read_v1(root: Path, rel: str) -> CgroupReading:
     r.mapped_file, r.swap = stat.get("total_mapped_file", 0), stat.get("total_swap", 0)
     r.kernel = _int(mem_dir / "memory.kmem.usage_in_bytes")
     r.failcnt = _int(mem_dir / "memory.failcnt")
-    r.oom_kills = parse_keyed(_text(mem_dir / "memory.oom_control")).get("oom_kill", 0)
+    r.oom_kills = parse_keyed(read_text(mem_dir / "memory.oom_control")).get("oom_kill", 0)
     for kind in ("pgfault", "pgmajfault"):
         r.faults[(kind, "container")] = stat.get(kind, 0)
         r.faults[(kind, "hierarchy")] = stat.get(f"total_{kind}", 0)
@@ -351,8 +351,8 @@ def _read_v1(root: Path, rel: str) -> CgroupReading:
         size = f.name.split(".")[1]
         r.hugetlb[size] = (_int(f), _int(huge / f"hugetlb.{size}.max_usage_in_bytes"))
     blkio = root / "blkio" / rel
-    r.io_bytes = parse_blkio_v1(_text(blkio / "blkio.throttle.io_service_bytes_recursive"))
-    r.io_ops = parse_blkio_v1(_text(blkio / "blkio.throttle.io_serviced_recursive"))
+    r.io_bytes = parse_blkio_v1(read_text(blkio / "blkio.throttle.io_service_bytes_recursive"))
+    r.io_ops = parse_blkio_v1(read_text(blkio / "blkio.throttle.io_serviced_recursive"))
     r.pressure = read_pressure(unified_dir(root, rel))  # hybrid hosts: on the v2 mount
     r.procs = _pids(pids_dir / "cgroup.procs")
     r.threads = len(_pids(pids_dir / "tasks"))
@@ -362,13 +362,13 @@ def _read_v1(root: Path, rel: str) -> CgroupReading:
 
 def _read_v2(d: Path) -> CgroupReading:
     r = CgroupReading()
-    cpu = parse_keyed(_text(d / "cpu.stat"))
+    cpu = parse_keyed(read_text(d / "cpu.stat"))
     r.cpu_ns = cpu.get("usage_usec", 0) * 1000
     r.user_ns, r.system_ns = cpu.get("user_usec", 0) * 1000, cpu.get("system_usec", 0) * 1000
     r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
     r.throttled_ns = cpu.get("throttled_usec", 0) * 1000
-    stat = parse_keyed(_text(d / "memory.stat"))
-    events = parse_keyed(_text(d / "memory.events"))
+    stat = parse_keyed(read_text(d / "memory.stat"))
+    events = parse_keyed(read_text(d / "memory.events"))
     r.memory = _int(d / "memory.current")
     r.max_memory = _int(d / "memory.peak")
     r.working_set = max(0, r.memory - stat.get("inactive_file", 0))
@@ -382,7 +382,7 @@ def _read_v2(d: Path) -> CgroupReading:
     for f in sorted(d.glob("hugetlb.*.current")):
         r.hugetlb[f.name.split(".")[1]] = (_int(f), None)  # v2 keeps no peak
     r.pressure = read_pressure(d)
-    r.io_bytes, r.io_ops = parse_io_stat(_text(d / "io.stat"))
+    r.io_bytes, r.io_ops = parse_io_stat(read_text(d / "io.stat"))
     r.procs = _pids(d / "cgroup.procs")
     r.threads = len(_pids(d / "cgroup.threads"))
     r.threads_max = _int(d / "pids.max")
@@ -407,7 +407,7 @@ def count_fds(pids: Sequence[int], proc: Path = Path("/proc")) -> tuple[int, int
 
 def block_device_name(major: int, minor: int, sys_root: Path = Path("/sys")) -> str:
     """/dev/<DEVNAME> of a block device from sysfs, else "MAJ:MIN"."""
-    uevent = _text(sys_root / "dev" / "block" / f"{major}:{minor}" / "uevent")
+    uevent = read_text(sys_root / "dev" / "block" / f"{major}:{minor}" / "uevent")
     for line in uevent.splitlines():
         if line.startswith("DEVNAME="):
             return "/dev/" + line.removeprefix("DEVNAME=")
@@ -438,7 +438,7 @@ class Filesystem:
 def filesystem(root: Path) -> Filesystem:
     """The filesystem holding `root` (the image root), with its mount's source as name."""
     st, vfs = os.stat(root), os.statvfs(root)
-    device = mount_source(_text(Path("/proc/self/mountinfo")), os.major(st.st_dev),
+    device = mount_source(read_text(Path("/proc/self/mountinfo")), os.major(st.st_dev),
                           os.minor(st.st_dev))
     return Filesystem(device, vfs.f_blocks * vfs.f_frsize, vfs.f_files, vfs.f_favail)
 
@@ -482,7 +482,7 @@ def _container(sb: Sandbox, c: Container, used: int, fs: Filesystem,
     emit("container_threads_max", r.threads_max)
     emit("container_file_descriptors", fds)
     emit("container_sockets", sockets)
-    nofile = parse_soft_nofile(_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
+    nofile = parse_soft_nofile(read_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
     if nofile is not None:
         emit("container_ulimits_soft", nofile, "max_open_files")
     emit("container_last_seen", now // NS_PER_S)

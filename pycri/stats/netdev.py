@@ -7,7 +7,8 @@ lives in, so no setns is needed to read a pod's counters.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+
+from pycri.stats.cgroups import read_text
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,5 @@ def parse(text: str) -> list[Interface]:
 
 
 def interfaces(pid: int) -> list[Interface]:
-    try:
-        return parse(Path(f"/proc/{pid}/net/dev").read_text())
-    except OSError:
-        return []
+    """The pod's interfaces; none once its process is gone."""
+    return parse(read_text(f"/proc/{pid}/net/dev"))

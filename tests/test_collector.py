@@ -1,0 +1,282 @@
+"""The stats collector over real managers (records only, no daemon) and real cgroups of
+this host, each with a real process charged to it from its start, and a real writable
+layer: what ContainerStats, PodSandboxStats and ListPodSandboxMetrics are built from."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from pycri.api import api_pb2 as pb
+from pycri.config import Config
+from pycri.container.manager import ContainerManager
+from pycri.container.model import Container
+from pycri.events import EventBus
+from pycri.image.manager import ImageManager
+from pycri.launcher import Launcher
+from pycri.monitor.reaper import Reaper
+from pycri.network.cni import CNIManager
+from pycri.nri.adaptation import Adaptation
+from pycri.sandbox.manager import SandboxManager
+from pycri.sandbox.model import Sandbox
+from pycri.stats.collector import StatsCollector
+from pycri.store import Store
+
+MiB = 1 << 20
+ROOT = Path("/sys/fs/cgroup")
+PURE_V2 = (ROOT / "cgroup.controllers").exists()
+SPIN = "while :; do :; done"  # a shell builtin loop: one process, always runnable
+
+
+@dataclass
+class Cgroup:
+    """One cgroup in every hierarchy the readers look at (v2; or v1's memory, cpuacct and
+    pids plus a hybrid host's unified mount)."""
+
+    rel: str
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def dirs(self) -> list[Path]:
+        if PURE_V2:
+            return [ROOT / self.rel]
+        found = [ROOT / c / self.rel for c in ("memory", "cpuacct", "pids")]
+        return found + ([ROOT / "unified" / self.rel] if (ROOT / "unified").is_dir() else [])
+
+    def make(self, memory_limit: int) -> None:
+        for d in self.dirs:
+            d.mkdir()
+        if PURE_V2:
+            (ROOT / self.rel / "memory.max").write_text(str(memory_limit))
+            # children get the controllers; best effort, as the kubelet's pod cgroups do
+            with open(ROOT / self.rel / "cgroup.subtree_control", "w") as f:
+                for c in ("+memory", "+pids", "+cpu"):
+                    try:
+                        f.write(c)
+                        f.flush()
+                    except OSError:
+                        continue
+        else:
+            (ROOT / "memory" / self.rel / "memory.limit_in_bytes").write_text(str(memory_limit))
+
+    def spin(self, netns: bool = False) -> int:
+        """A spinning shell that joined this cgroup before exec'ing the loop, so its
+        pages are charged here; with `netns`, in a network namespace of its own holding
+        lo and a veth pair eth0-eth1 (gone with the process)."""
+        files = [str(d / "cgroup.procs") for d in self.dirs]
+        script = f'for f; do echo $$ > "$f"; done; exec sh -c "{SPIN}"'
+        if netns:
+            script = f"ip link add eth0 type veth peer name eth1 && {script}"
+        p = subprocess.Popen([*(["unshare", "--net"] if netns else []), "sh", "-c", script,
+                              "sh", *files])
+        self.procs.append(p)
+        deadline = time.monotonic() + 10
+        while str(p.pid) not in (self.dirs[0] / "cgroup.procs").read_text().split():
+            assert time.monotonic() < deadline, "the process did not join its cgroup"
+            time.sleep(0.01)
+        return p.pid
+
+    def remove(self) -> None:
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        for d in self.dirs:
+            deadline = time.monotonic() + 5  # a killed task leaves the cgroup a moment later
+            while d.exists():
+                try:
+                    d.rmdir()
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+
+
+@pytest.fixture
+def cgroups() -> Iterator[list[Cgroup]]:
+    """Cgroups made by the test, removed (their processes killed) afterwards, children
+    first."""
+    made: list[Cgroup] = []
+    yield made
+    for cg in reversed(made):
+        cg.remove()
+
+
+@dataclass
+class Records:
+    sandboxes: SandboxManager
+    containers: ContainerManager
+    collector: StatsCollector
+
+    def pod(self, parent: str, pid: int, host_network: bool = False) -> Sandbox:
+        cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", namespace="ns",
+                                                                 uid=secrets.token_hex(4)))
+        if host_network:
+            cfg.linux.security_context.namespace_options.network = pb.NODE
+        sb = Sandbox(id=secrets.token_hex(32), config=cfg, handler="runc", runtime_handler="",
+                     created_at=time.time_ns(), state=pb.SANDBOX_READY, infra_pid=pid,
+                     cgroup_parent=parent)
+        self.sandboxes.sandboxes[sb.id] = sb
+        return sb
+
+    def container(self, sb: Sandbox, cgroup: str, state: int, pid: int = 0) -> Container:
+        c = Container(id=secrets.token_hex(32), sandbox_id=sb.id,
+                      config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"),
+                                                image=pb.ImageSpec(image="busybox")),
+                      image_id="sha256:" + "0" * 64, image_ref="busybox", handler="runc",
+                      created_at=time.time_ns(), log_path="", state=state, pid=pid,
+                      started_at=time.time_ns(), cgroups_path=f"/{cgroup}",
+                      resources={"memory_limit_in_bytes": str(64 * MiB)})
+        self.containers.containers[c.id] = c
+        return c
+
+    def writable_layer(self, c: Container, size: int) -> int:
+        """A real upper dir holding one file of `size` bytes; its allocated bytes."""
+        upper = self.containers.images.snapshots.upper(c.id)
+        upper.mkdir(parents=True)
+        (upper / "data").write_bytes(b"x" * size)
+        return (upper / "data").stat().st_blocks * 512
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Iterator[Records]:
+    """The managers as the daemon wires them, with no record and nothing started."""
+    cfg = Config(root=str(tmp_path / "root"), state=str(tmp_path / "state"))
+    cfg.cni.conf_dir = str(tmp_path / "net.d")
+    store = Store(cfg.db_path)
+    images = ImageManager(tmp_path / "root", cfg.images, store)
+    launcher = Launcher(cfg, Reaper())
+    bus = EventBus()
+    sandboxes = SandboxManager(cfg, store, launcher,
+                               CNIManager.from_config(cfg.cni, tmp_path / "cni"), images, bus,
+                               Adaptation(cfg.nri))
+    containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
+    yield Records(sandboxes, containers, StatsCollector(sandboxes, containers))
+    store.close()
+
+
+def _cpu_ns(cg: Cgroup) -> int:
+    if PURE_V2:
+        stat = (ROOT / cg.rel / "cpu.stat").read_text().split()
+        return int(stat[stat.index("usage_usec") + 1]) * 1000
+    return int((ROOT / "cpuacct" / cg.rel / "cpuacct.usage").read_text())
+
+
+def _spun_past(cg: Cgroup, cpu_ns: int) -> None:
+    """Wait until the cgroup has used more CPU than `cpu_ns` (a loaded host may not run
+    the spinner for a while)."""
+    deadline = time.monotonic() + 10
+    while _cpu_ns(cg) <= cpu_ns:
+        assert time.monotonic() < deadline, "the spinner got no CPU"
+        time.sleep(0.02)
+
+
+async def test_container_sample_is_its_cgroup_and_writable_layer(
+        records: Records, cgroups: list[Cgroup]) -> None:
+    tag = secrets.token_hex(4)
+    pod_cg, ctr_cg = Cgroup(f"pycri-test-{tag}"), Cgroup(f"pycri-test-{tag}/c")
+    cgroups += [pod_cg, ctr_cg]
+    pod_cg.make(128 * MiB)
+    ctr_cg.make(64 * MiB)
+    pid = ctr_cg.spin()
+    sb = records.pod(f"/{pod_cg.rel}", pid)
+    c = records.container(sb, ctr_cg.rel, pb.CONTAINER_RUNNING, pid)
+    allocated = records.writable_layer(c, 3 * 4096)
+
+    before = _cpu_ns(ctr_cg)
+    first = await records.collector.container(c.id[:12])  # a prefix names it too
+    after = _cpu_ns(ctr_cg)
+    assert first.container is c and first.nano_cores == 0  # no previous sample
+    assert before <= first.usage.cpu_ns <= after
+    assert first.usage.processes == 1
+    assert first.usage.memory_limit == 64 * MiB
+    assert 0 < first.usage.working_set_bytes <= first.usage.memory_bytes
+    assert (first.writable_bytes, first.writable_inodes) == (allocated, 1)
+    assert first.mountpoint == str(records.containers.images.root)
+    _spun_past(ctr_cg, first.usage.cpu_ns)
+    second = (await records.collector.list_containers(None))[0]
+    assert second.timestamp > first.timestamp
+    assert second.usage.cpu_ns > first.usage.cpu_ns  # it spun meanwhile
+    rate = (second.usage.cpu_ns - first.usage.cpu_ns) * 10**9 // (
+        second.timestamp - first.timestamp)
+    assert second.nano_cores == rate > 0
+
+
+async def test_stopped_container_reads_zero_usage_but_keeps_its_layer(
+        records: Records, cgroups: list[Cgroup]) -> None:
+    cg = Cgroup(f"pycri-test-{secrets.token_hex(4)}")
+    cgroups.append(cg)
+    cg.make(64 * MiB)
+    pid = cg.spin()  # a process still there: the record's state decides, not the cgroup
+    sb = records.pod("", pid)
+    c = records.container(sb, cg.rel, pb.CONTAINER_EXITED)
+    allocated = records.writable_layer(c, 4096)
+    u = await records.collector.container(c.id)
+    assert (u.usage.cpu_ns, u.usage.processes, u.usage.memory_limit) == (0, 0, None)
+    assert (u.writable_bytes, u.writable_inodes) == (allocated, 1)
+
+
+async def test_pod_sums_its_containers_with_its_own_limit_and_network(
+        records: Records, cgroups: list[Cgroup]) -> None:
+    tag = secrets.token_hex(4)
+    pod_cg, a_cg, b_cg = (Cgroup(f"pycri-test-{tag}"), Cgroup(f"pycri-test-{tag}/a"),
+                          Cgroup(f"pycri-test-{tag}/b"))
+    cgroups += [pod_cg, a_cg, b_cg]
+    pod_cg.make(128 * MiB)
+    a_cg.make(64 * MiB)
+    b_cg.make(32 * MiB)
+    a_pid, b_pid = a_cg.spin(netns=True), b_cg.spin()
+    sb = records.pod(f"/{pod_cg.rel}", a_pid)
+    a = records.container(sb, a_cg.rel, pb.CONTAINER_RUNNING, a_pid)
+    b = records.container(sb, b_cg.rel, pb.CONTAINER_RUNNING, b_pid)
+    gone = records.container(sb, b_cg.rel, pb.CONTAINER_EXITED)  # counted as zeros
+    records.container(sb, b_cg.rel, pb.CONTAINER_UNKNOWN)  # left out until rechecked
+    hostnet = records.pod("", b_pid, host_network=True)
+    for c in (a, b, gone):
+        records.writable_layer(c, 4096)
+
+    [p] = await records.collector.list_pods(pb.PodSandboxStatsFilter(id=sb.id))
+    assert p.sandbox is sb
+    assert [u.container.id for u in p.containers] == [a.id, b.id, gone.id]
+    mine = {u.container.id: u.usage for u in p.containers}
+    assert p.usage.cpu_ns == mine[a.id].cpu_ns + mine[b.id].cpu_ns > 0
+    assert p.usage.processes == 2
+    assert p.usage.memory_bytes == mine[a.id].memory_bytes + mine[b.id].memory_bytes
+    assert p.usage.memory_limit == 128 * MiB  # the pod's cgroup's, not a sum
+    assert sorted(i.name for i in p.interfaces) == ["eth0", "eth1"]  # its infra's, no lo
+    host = await records.collector.pod(hostnet.id)
+    assert (host.interfaces, host.containers, host.usage.memory_limit) == ([], [], None)
+
+    # ListPodSandboxMetrics: ready pods, their created and running containers only
+    by_pod = {m.sandbox_id: m for m in await records.collector.pod_metrics()}
+    assert set(by_pod) == {sb.id, hostnet.id}
+    assert [m.container_id for m in by_pod[sb.id].containers] == [a.id, b.id]
+    samples = {s.name: s for s in by_pod[sb.id].containers[0].samples}
+    assert samples["container_processes"].value == 1
+    assert samples["container_spec_memory_limit_bytes"].value == 64 * MiB
+    assert samples["container_fs_usage_bytes"].value > 0
+    assert samples["container_memory_usage_bytes"].labels[:4] == ("p", "ns", "c", a.id)
+
+
+async def test_cpu_rate_memory_goes_with_the_record(
+        records: Records, cgroups: list[Cgroup]) -> None:
+    cg = Cgroup(f"pycri-test-{secrets.token_hex(4)}")
+    cgroups.append(cg)
+    cg.make(64 * MiB)
+    pid = cg.spin()
+    sb = records.pod("", pid)
+    c = records.container(sb, cg.rel, pb.CONTAINER_RUNNING, pid)
+    first = await records.collector.container(c.id)
+    _spun_past(cg, first.usage.cpu_ns)
+    second = await records.collector.container(c.id)
+    assert second.nano_cores > 0
+    del records.containers.containers[c.id]  # removed: the next sample forgets its rate
+    assert await records.collector.list_containers(None) == []
+    records.containers.containers[c.id] = c
+    _spun_past(cg, second.usage.cpu_ns)  # a remembered sample would now give a rate
+    assert (await records.collector.container(c.id)).nano_cores == 0
