@@ -29,7 +29,6 @@ import contextlib
 import json
 import secrets
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,28 +43,22 @@ from pycri.api import api_pb2 as pb  # noqa: E402
 from pycri.nri.api import api_pb2 as nri  # noqa: E402
 from pycri.nri.link import PluginLink  # noqa: E402
 from tests.conftest import CRIClient, PycriProcess  # noqa: E402
-from tests.e2e.conftest import _scrub, conflist  # noqa: E402
 from tests.lib import images  # noqa: E402
 from tests.lib.nri_plugin import ALL_EVENTS, NRIPlugin, PluginThread  # noqa: E402
 from tests.lib.registry import Registry  # noqa: E402
 
+sys.path.insert(0, str(REPO / "hack"))
+from benchlib import (  # noqa: E402
+    TIMEOUT,
+    median,
+    private_daemon,
+    quantile,
+    sleep_pod,
+    start,
+    tear_down,
+)
+
 MODES = ("disabled", "idle", "plugin")
-TIMEOUT = 120.0
-
-
-def quantile(xs: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks; nan when empty."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
-
-
-def median(xs: list[float]) -> float:
-    return quantile(xs, 0.5)
 
 
 class _Runtime:
@@ -121,10 +114,7 @@ class Daemon:
         return self.tmp / "nri" / "nri.sock"
 
     def start(self) -> None:
-        self.proc.start()
-        self.cri = self.proc.client()
-        self.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=self.image)),
-                                 timeout=TIMEOUT)
+        self.cri = start(self.proc, self.image)
         if self.mode == "plugin":
             self.plugin = PluginThread("bench", "50", ALL_EVENTS).connect(str(self.nri_socket))
 
@@ -135,12 +125,7 @@ class Daemon:
             metadata=pb.PodSandboxMetadata(name=f"b{n}", namespace="bench-nri", uid=f"u{n}"),
             log_directory=str(self.tmp / "logs" / f"b{n}"))
         t0 = time.perf_counter()
-        sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=TIMEOUT).pod_sandbox_id
-        cid = rt.CreateContainer(pb.CreateContainerRequest(
-            pod_sandbox_id=sid, sandbox_config=cfg, config=pb.ContainerConfig(
-                metadata=pb.ContainerMetadata(name="sleep"), image=pb.ImageSpec(image=self.image),
-                command=["sleep", "3600"], log_path="sleep.log")), timeout=TIMEOUT).container_id
-        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=TIMEOUT)
+        sid, _ = sleep_pod(self.cri, cfg, self.image)
         t1 = time.perf_counter()
         rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=TIMEOUT)
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid), timeout=TIMEOUT)
@@ -151,39 +136,19 @@ class Daemon:
     def close(self) -> None:
         if self.plugin is not None:
             self.plugin.close()
-        if self.cri is not None:
-            with contextlib.suppress(Exception):
-                for sb in self.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
-                    self.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sb.id))
-                    self.cri.runtime.RemovePodSandbox(
-                        pb.RemovePodSandboxRequest(pod_sandbox_id=sb.id))
-            self.cri.channel.close()
-        self.proc.stop()
-        _scrub(self.tmp)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        tear_down(self.cri, self.proc, self.tmp, self.bridge)
 
 
 def make_daemon(mode: str, tmp: Path, image: str, n: int, tag: str) -> Daemon:
-    tmp.mkdir()
     bridge = f"pcn{tag}{n}"[:15]
-    net_d = tmp / "net.d"
-    net_d.mkdir()
-    (net_d / "10-bench.conflist").write_text(
-        conflist(bridge, f"10.197.{n + 10 * (int(tag, 16) % 20)}.0/24", tmp / "ipam", []))
-    (tmp / "nri").mkdir()
-    (tmp / "nri-plugins").mkdir()
-    (tmp / "nri-conf.d").mkdir()
     nri = (f'[nri]\nenable = {"false" if mode == "disabled" else "true"}\n'
            f'socket_path = "{tmp / "nri" / "nri.sock"}"\n'
            f'plugin_path = "{tmp / "nri-plugins"}"\n'
            f'plugin_config_path = "{tmp / "nri-conf.d"}"\n')
-    config = tmp / "pycri.toml"
-    config.write_text(
-        f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
-        f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
-        f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n' + nri)
-    proc = PycriProcess(root=tmp / "root", state=tmp / "state", socket=tmp / "state" / "cri.sock",
-                        config=config, log=tmp / "pycri.log")
+    proc = private_daemon(tmp, bridge, f"10.197.{n + 10 * (int(tag, 16) % 20)}.0/24", nri)
+    (tmp / "nri").mkdir()
+    (tmp / "nri-plugins").mkdir()
+    (tmp / "nri-conf.d").mkdir()
     return Daemon(mode, tmp, bridge, image, proc)
 
 

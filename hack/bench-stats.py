@@ -25,7 +25,6 @@ import json
 import os
 import random
 import secrets
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,23 +39,14 @@ sys.path.insert(0, str(REPO))
 
 from pycri.api import api_pb2 as pb  # noqa: E402
 from tests.conftest import CRIClient, PycriProcess  # noqa: E402
-from tests.e2e.conftest import _scrub, conflist  # noqa: E402
 from tests.lib import images  # noqa: E402
 from tests.lib.registry import Registry  # noqa: E402
 
-TIMEOUT = 120.0
+sys.path.insert(0, str(REPO / "hack"))
+from benchlib import TIMEOUT, private_daemon, quantile, sleep_pod, start, tear_down  # noqa: E402
+
 CALLS = ("ContainerStats", "ListContainerStats", "PodSandboxStats", "ListPodSandboxStats",
          "ListPodSandboxMetrics")
-
-
-def quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    pos = (len(s) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -83,24 +73,14 @@ class Daemon:
     cpu: dict[str, list[float]] = field(default_factory=dict)  # ms per call, by block
 
     def start(self) -> None:
-        self.proc.start()
-        self.cri = self.proc.client()
-        self.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=self.image)),
-                                 timeout=TIMEOUT)
+        self.cri = start(self.proc, self.image)
 
     def pod_with_container(self, n: int) -> tuple[str, str]:
         assert self.cri is not None
-        rt = self.cri.runtime
         cfg = pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=f"s{n}", namespace="bench-stats", uid=f"u{n}"),
             log_directory=str(self.tmp / "logs" / f"s{n}"))
-        sid = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg), timeout=TIMEOUT).pod_sandbox_id
-        cid = rt.CreateContainer(pb.CreateContainerRequest(
-            pod_sandbox_id=sid, sandbox_config=cfg, config=pb.ContainerConfig(
-                metadata=pb.ContainerMetadata(name="sleep"), image=pb.ImageSpec(image=self.image),
-                command=["sleep", "3600"], log_path="sleep.log")), timeout=TIMEOUT).container_id
-        rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=TIMEOUT)
-        return sid, cid
+        return sleep_pod(self.cri, cfg, self.image)
 
     def populate(self, n: int, par: int) -> None:
         with ThreadPoolExecutor(par) as ex:
@@ -137,35 +117,13 @@ class Daemon:
         self.cpu.setdefault(name, []).append(used * 1000 / calls)
 
     def close(self) -> None:
-        if self.cri is not None:
-            with contextlib.suppress(Exception):
-                for sb in self.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
-                    self.cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sb.id))
-                    self.cri.runtime.RemovePodSandbox(
-                        pb.RemovePodSandboxRequest(pod_sandbox_id=sb.id))
-            self.cri.channel.close()
-        if self.proc.proc is not None:
-            self.proc.stop()
-        _scrub(self.tmp)
-        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        tear_down(self.cri, self.proc, self.tmp, self.bridge)
 
 
 def make_daemon(label: str, tree: Path, tmp: Path, image: str, n: int, tag: str) -> Daemon:
-    tmp.mkdir()
     bridge = f"pcs{tag}{n}"[:15]
-    net_d = tmp / "net.d"
-    net_d.mkdir()
-    (net_d / "10-bench.conflist").write_text(
-        conflist(bridge, f"10.196.{n + 10 * (int(tag, 16) % 20)}.0/24", tmp / "ipam", []))
-    config = tmp / "pycri.toml"
-    config.write_text(
-        f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
-        f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
-        f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n'
-        f'[nri]\nenable = false\n')
-    proc = PycriProcess(root=tmp / "root", state=tmp / "state", socket=tmp / "state" / "cri.sock",
-                        config=config, log=tmp / "pycri.log",
-                        env={**os.environ, "PYTHONPATH": str(tree)})
+    proc = private_daemon(tmp, bridge, f"10.196.{n + 10 * (int(tag, 16) % 20)}.0/24",
+                          "[nri]\nenable = false\n", tree)
     return Daemon(label, tmp, bridge, image, proc)
 
 
