@@ -1,1 +1,2 @@
-"""Resource usage of containers, read from their cgroups."""
+"""Stats: the collector above the sandbox and container managers, and the pure
+readers of cgroups, network counters and cAdvisor-named metrics it reads through."""

@@ -414,7 +414,7 @@ def block_device_name(major: int, minor: int, sys_root: Path = Path("/sys")) -> 
     return f"{major}:{minor}"
 
 
-# -- samples of a pod -------------------------------------------------------------------
+# -- samples of a pod ------------------------------------------------------------------
 
 
 def _resource(resources: dict[str, Any], key: str) -> int:
