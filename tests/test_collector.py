@@ -4,6 +4,7 @@ layer: what ContainerStats, PodSandboxStats and ListPodSandboxMetrics are built 
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import time
@@ -50,20 +51,16 @@ class Cgroup:
         return found + ([ROOT / "unified" / self.rel] if (ROOT / "unified").is_dir() else [])
 
     def make(self, memory_limit: int) -> None:
+        if PURE_V2 and (parent := (ROOT / self.rel).parent) != ROOT:
+            # a child gets its parent's controllers (the parent then may hold no process)
+            for c in ("+memory", "+pids", "+cpu"):
+                with contextlib.suppress(OSError):  # best effort, as a kubelet's pod cgroup
+                    (parent / "cgroup.subtree_control").write_text(c)
         for d in self.dirs:
             d.mkdir()
-        if PURE_V2:
-            (ROOT / self.rel / "memory.max").write_text(str(memory_limit))
-            # children get the controllers; best effort, as the kubelet's pod cgroups do
-            with open(ROOT / self.rel / "cgroup.subtree_control", "w") as f:
-                for c in ("+memory", "+pids", "+cpu"):
-                    try:
-                        f.write(c)
-                        f.flush()
-                    except OSError:
-                        continue
-        else:
-            (ROOT / "memory" / self.rel / "memory.limit_in_bytes").write_text(str(memory_limit))
+        limit = (ROOT / self.rel / "memory.max" if PURE_V2
+                 else ROOT / "memory" / self.rel / "memory.limit_in_bytes")
+        limit.write_text(str(memory_limit))
 
     def spin(self, netns: bool = False) -> int:
         """A spinning shell that joined this cgroup before exec'ing the loop, so its
