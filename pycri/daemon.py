@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import functools
@@ -31,7 +32,7 @@ import grpc
 from pycri import malloc, metrics, procs, reload
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
-from pycri.config import Config, ConfigError
+from pycri.config import Config, ConfigError, NRIConfig
 from pycri.container.manager import ContainerManager
 from pycri.events import EventBus
 from pycri.image.manager import ImageManager
@@ -99,6 +100,24 @@ def _claim_socket(path: Path) -> None:
         probe.close()
 
 
+def _bind_nri(path: Path) -> socket.socket:
+    """A listener for NRI plugins on `path` (mode 0600); DaemonError if it cannot be had."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _claim_socket(path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        try:
+            sock.bind(str(path))
+            os.chmod(path, NRI_SOCKET_MODE)
+            sock.listen(64)
+        except OSError:
+            sock.close()
+            raise
+    except (DaemonError, OSError) as e:
+        raise DaemonError(f"nri.socket_path: cannot listen on {path}: {e}") from None
+    return sock
+
+
 def _process_age() -> float:
     """Seconds since this process was started (its start time, in clock ticks after
     boot, against the boot time): what interpreter start and imports cost."""
@@ -125,9 +144,10 @@ class Daemon:
         self.cni: CNIManager | None = None
         self.node: NodeStatus | None = None
         self.sandboxes: SandboxManager | None = None
+        self.containers: ContainerManager | None = None
         self.streaming: StreamingServer | None = None
         self.nri: Adaptation | None = None
-        self._nri_socket: Path | None = None
+        self._nri_socket: Path | None = None  # the NRI listener we bound, to unlink
         self._lock_fd: int | None = None
         self._stop_metrics: Callable[[], None] | None = None
         self.proxy: SocketProxy | None = None
@@ -191,10 +211,17 @@ class Daemon:
             log.info("pods with their own user namespace cannot run here: %s",
                      support.kernel_problem)
         recovery = Recovery([sandboxes, containers])
+        self.sandboxes, self.containers = sandboxes, containers
         if cfg.nri.enable:
-            await self._start_nri(nri, sandboxes, containers, launcher)
+            listener = None
+            if reload.nri_listens(cfg.nri):
+                try:
+                    listener = _bind_nri(Path(cfg.nri.socket_path))
+                except DaemonError as e:
+                    # Another runtime's NRI (or a second pycri) holds it: pods still run.
+                    log.error("NRI: plugins cannot connect: %s", e)
+            await self._start_nri(listener)
         self.node = node = NodeStatus(cfg, store, cni.status, support, recovery.info)
-        self.sandboxes = sandboxes
         streaming = StreamingServer(
             cfg.streaming_address, RuntimeBackend(containers, sandboxes, launcher),
             limits=cfg.streaming,
@@ -253,35 +280,32 @@ class Daemon:
                     f"{self._target} does not answer Version: {e.code().name} {e.details()}"
                 ) from None
 
-    async def _start_nri(self, nri: Adaptation, sandboxes: SandboxManager,
-                         containers: ContainerManager, launcher: Launcher) -> None:
-        """Plugins must be told of what recovery found: the specs are read off the loop."""
-        found = list(containers.containers.values())
+    async def _start_nri(self, sock: socket.socket | None) -> None:
+        """Plugins must be told of what recovery found (or what runs, on a reload that
+        enables NRI): the specs are read off the loop. `sock`: the listener, if any."""
+        nri, launcher = self.nri, self.launcher
+        assert nri is not None and launcher is not None and self.containers is not None
+        assert self.sandboxes is not None
+        found = list(self.containers.containers.values())
         specs = await asyncio.to_thread(lambda: [launcher.spec(c.id) or {} for c in found])
-        nri.load(sandboxes.sandboxes.values(), zip(found, specs, strict=True))
+        nri.load(self.sandboxes.sandboxes.values(), zip(found, specs, strict=True))
         await nri.launch()
-        if self.cfg.nri.disable_connections:
-            return
-        path = Path(self.cfg.nri.socket_path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            _claim_socket(path)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-            try:
-                sock.bind(str(path))
-                os.chmod(path, NRI_SOCKET_MODE)
-                sock.listen(64)
-            except OSError:
-                sock.close()
-                raise
-        except (DaemonError, OSError) as e:
-            # Another runtime's NRI (or a second pycri) holds it: pods still run.
-            log.error("NRI: not listening on nri.socket_path %s, plugins cannot connect: %s",
-                      path, e)
-            return
-        self._nri_socket = path
-        nri.listen(sock)
-        log.info("NRI: plugins connect on %s", path)
+        if sock is not None:
+            self._nri_listen(sock)
+
+    def _nri_listen(self, sock: socket.socket) -> None:
+        assert self.nri is not None
+        self._nri_socket = Path(sock.getsockname())
+        self.nri.listen(sock)
+        log.info("NRI: plugins connect on %s", self._nri_socket)
+
+    async def _nri_unlisten(self) -> None:
+        """Close the NRI listener and remove its socket; connected plugins stay."""
+        assert self.nri is not None
+        await self.nri.unlisten()
+        if self._nri_socket is not None:
+            self._nri_socket.unlink(missing_ok=True)
+            self._nri_socket = None
 
     async def stop(self) -> None:
         if self._recheck is not None:
@@ -334,38 +358,102 @@ class Daemon:
     async def reload(self) -> None:
         """SIGHUP: take the keys pycri can change live (reload.py) from the config file,
         all or nothing. Running pods and containers are not touched; one line says what
-        changed, or which key made the new file unacceptable."""
+        changed, or which key made the new file unacceptable.
+
+        What can fail (a listener on a new address) is done first and undone if a later
+        step fails; only then is anything applied."""
         if self._loader is None:
             return
-        async with self._reloading:
+        async with self._reloading, contextlib.AsyncExitStack() as undo:
+            metrics_stop: Callable[[], None] | None = None
+            nri_sock: socket.socket | None = None
             try:
                 new = await asyncio.to_thread(self._loader)
                 changed = reload.changed_keys(self.cfg, new)
                 reload.check(self.cfg, new, changed)
-                if "metrics_address" in changed:
-                    await self._move_metrics(new.metrics_address)
+                if "metrics_address" in changed and new.metrics_address:
+                    metrics_stop = await self._serve_metrics(new.metrics_address)
+                    undo.push_async_callback(asyncio.to_thread, metrics_stop)
+                if reload.nri_needs_new_listener(self.cfg.nri, new.nri):
+                    nri_sock = _bind_nri(Path(new.nri.socket_path))
+                    undo.callback(Path(new.nri.socket_path).unlink, missing_ok=True)
+                    undo.callback(nri_sock.close)
             except (ConfigError, DaemonError) as e:
                 log.error("config reload refused, the running config stays: %s", e)
                 return
-            cfg = self.cfg
-            cfg.log_level, cfg.log_format = new.log_level, new.log_format
-            setup_logging(cfg)
-            cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
-            if self.launcher is not None:
-                self.launcher.set_runtimes()
-            if any(k == "default_runtime" or k.startswith("runtimes.") for k in changed):
-                await self._reprobe_userns()
-            # Read by the next pull (ImageManager shares this ImagesConfig).
-            cfg.images.registries_conf = new.images.registries_conf
-            cfg.images.registries_conf_dir = new.images.registries_conf_dir
-            cfg.pause_image = new.pause_image  # read by the next RunPodSandbox
-            if self.images is not None:
-                self.images.set_pinned([cfg.pause_image] if cfg.pause_image else [])
-            cfg.cni.conf_dir, cfg.cni.bin_dirs = new.cni.conf_dir, new.cni.bin_dirs
-            cfg.cni.plugin_timeout = new.cni.plugin_timeout
-            if self.cni is not None:
-                self.cni.reconfigure(cfg.cni)
+            undo.pop_all()
+            await self._apply(new, changed, metrics_stop, nri_sock)
             log.info("config reloaded: %s", ", ".join(changed) or "nothing changed")
+
+    async def _apply(self, new: Config, changed: list[str],
+                     metrics_stop: Callable[[], None] | None,
+                     nri_sock: socket.socket | None) -> None:
+        """The accepted file's live keys into the running daemon (cannot fail)."""
+        cfg = self.cfg
+        cfg.log_level, cfg.log_format = new.log_level, new.log_format
+        setup_logging(cfg)
+        if "metrics_address" in changed:
+            if self._stop_metrics is not None:
+                await asyncio.to_thread(self._stop_metrics)
+            self._stop_metrics, cfg.metrics_address = metrics_stop, new.metrics_address
+        cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
+        if self.launcher is not None:
+            self.launcher.set_runtimes()
+        handlers = any(k == "default_runtime" or k.startswith("runtimes.") for k in changed)
+        if handlers:
+            await self._reprobe_userns()
+        # Read by the next pull (ImageManager shares this ImagesConfig).
+        cfg.images.registries_conf = new.images.registries_conf
+        cfg.images.registries_conf_dir = new.images.registries_conf_dir
+        cfg.pause_image = new.pause_image  # read by the next RunPodSandbox
+        if self.images is not None:
+            self.images.set_pinned([cfg.pause_image] if cfg.pause_image else [])
+        cfg.cni.conf_dir, cfg.cni.bin_dirs = new.cni.conf_dir, new.cni.bin_dirs
+        cfg.cni.plugin_timeout = new.cni.plugin_timeout
+        if self.cni is not None:
+            self.cni.reconfigure(cfg.cni)
+        reload.assign(cfg.cdi, new.cdi)
+        reload.assign(cfg.checkpoint, new.checkpoint)
+        if self.containers is not None:
+            self.containers.cdi.reconfigure(cfg.cdi.spec_dirs, cfg.cdi.max_spec_bytes,
+                                            cfg.cdi.max_spec_files)
+            if handlers or any(k.startswith("checkpoint.") for k in changed):
+                self.containers.checkpoint_support.forget()
+        await self._reload_nri(new.nri, nri_sock)
+
+    async def _reload_nri(self, new: NRIConfig, sock: socket.socket | None) -> None:
+        """NRI after a reload (docs/operating.md): timeouts apply to the next call with
+        every plugin staying; new plugin dirs restart the pre-installed plugins; a new
+        socket path moves the listener (connected plugins stay); disable_connections
+        closes it and disconnects the plugins that came through it; enable = false
+        shuts NRI down, enable = true starts it as at start-up. `sock` is the listener
+        bound for `new` (reload.nri_needs_new_listener)."""
+        old = dataclasses.replace(self.cfg.nri)
+        reload.assign(self.cfg.nri, new)  # the adaptation reads its timeouts from there
+        nri = self.nri
+        if nri is None or old == new:
+            return
+        if not new.enable:
+            if old.enable:
+                await self._nri_unlisten()
+                await nri.close()
+                log.info("NRI: disabled, every plugin disconnected")
+            return
+        if not old.enable:
+            await self._start_nri(sock)
+            return
+        if (new.plugin_path, new.plugin_config_path) != (old.plugin_path,
+                                                         old.plugin_config_path):
+            await nri.stop_preinstalled()
+            await nri.launch()
+        if sock is not None:
+            await self._nri_unlisten()
+            self._nri_listen(sock)
+        elif not reload.nri_listens(new) and reload.nri_listens(old):
+            await self._nri_unlisten()
+            await nri.disconnect_external()
+            log.info("NRI: connections disabled, plugins connected through the socket "
+                     "disconnected")
 
     async def _probe_userns(self) -> userns.Support:
         cfg = self.cfg
@@ -381,19 +469,12 @@ class Daemon:
         if self.node is not None:
             self.node.set_userns(support)
 
-    async def _move_metrics(self, address: str) -> None:
-        """Serve metrics on `address` (empty: nowhere); the old endpoint closes only once
-        the new one listens, so a refused address changes nothing."""
-        start = None
-        if address:
-            try:
-                start = await asyncio.to_thread(metrics.serve, address)
-            except OSError as e:
-                raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
-        if self._stop_metrics is not None:
-            await asyncio.to_thread(self._stop_metrics)
-        self._stop_metrics = start
-        self.cfg.metrics_address = address
+    async def _serve_metrics(self, address: str) -> Callable[[], None]:
+        """A metrics endpoint on `address`; returns its stop. DaemonError naming the key."""
+        try:
+            return await asyncio.to_thread(metrics.serve, address)
+        except OSError as e:
+            raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
 
     async def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then shut down gracefully."""

@@ -79,6 +79,15 @@ class Registry:
         self._lock = threading.Lock()
         self._files: dict[str, _Loaded] = {}
 
+    def reconfigure(self, dirs: Sequence[str], max_spec_bytes: int, max_spec_files: int) -> None:
+        """New dirs and bounds (a reload), used from the next resolve; what was read
+        under the old bounds is read again."""
+        with self._lock:
+            self.dirs = list(dirs)
+            self.max_spec_bytes = max_spec_bytes
+            self.max_spec_files = max_spec_files
+            self._files = {}
+
     # -- loading -------------------------------------------------------------------
 
     def _load(self, path: str, sig: tuple[int, int, int, int]) -> _Loaded:

@@ -104,6 +104,11 @@ class CheckpointSupport:
         self.cfg = cfg
         self._probes: dict[str, asyncio.Task[Probe]] = {}  # "criu" or a handler name
 
+    def forget(self) -> None:
+        """Drop the cached answers (a reload changed [checkpoint] or the handlers): the
+        next request probes again with the new settings."""
+        self._probes = {}
+
     def _probe(self, key: str) -> asyncio.Task[Probe]:
         """The probe's task, started on first use; concurrent callers share it."""
         task = self._probes.get(key)

@@ -73,6 +73,7 @@ class Plugin:
     index: str = ""  # filled by registration (a pre-installed plugin's: its file name)
     base: str = ""
     config: str = ""  # a pre-installed plugin's config file, sent in Configure
+    preinstalled: bool = False  # started from plugin_path, not connected to the socket
     events: int = 0
     registered: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
@@ -106,6 +107,8 @@ class Adaptation:
         self._stopped_pods: set[str] = set()
         self._lock = asyncio.Lock()  # one event at a time, in every plugin
         self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task[None] | None = None
+        self._external: set[Plugin] = set()  # connected through the socket, not yet gone
         self._launched: list[launch.Launched] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -123,7 +126,17 @@ class Adaptation:
         """Accept plugin connections on a bound, listening socket."""
         sock.setblocking(False)
         self._listener = sock
-        self._spawn(self._accept(sock))
+        self._accepting = asyncio.ensure_future(self._accept(sock))
+
+    async def unlisten(self) -> None:
+        """Stop accepting and close the listener; connected plugins stay connected."""
+        if self._accepting is not None:
+            self._accepting.cancel()  # first, so the loop no longer watches the fd
+            await asyncio.gather(self._accepting, return_exceptions=True)
+            self._accepting = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     async def _accept(self, sock: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -131,12 +144,12 @@ class Adaptation:
             try:
                 conn, _ = await loop.sock_accept(sock)
             except OSError as e:
-                if self._listener is None:
-                    return
                 log.error("NRI: accepting a plugin connection: %s", e)
                 await asyncio.sleep(0.1)  # e.g. EMFILE: do not spin
                 continue
-            self._spawn(self.connect(conn))
+            p = Plugin()
+            self._external.add(p)  # at once: disconnect_external() must see it
+            self._spawn(self.connect(conn, p))
 
     async def launch(self) -> None:
         """Start the pre-installed plugins and connect them, in order, before any
@@ -147,12 +160,11 @@ class Adaptation:
         for started in self._launched:
             plugin = started.plugin
             await self.connect(started.sock, Plugin(index=plugin.index, base=plugin.name,
-                                                    config=plugin.config))
+                                                    config=plugin.config, preinstalled=True))
 
     async def connect(self, conn: socket.socket, p: Plugin | None = None) -> None:
         """Serve one plugin over `conn` (accepted, or the pycri end of a launched
-        plugin's socketpair, `p` then naming it): registration, Configure,
-        Synchronize, then events."""
+        plugin's socketpair): registration, Configure, Synchronize, then events."""
         side = _RuntimeSide(self)
         p = side.plugin = p or Plugin()
         p.link = PluginLink(conn, side)
@@ -161,11 +173,11 @@ class Adaptation:
             await self._handshake(p)
         except (NRIPluginError, PycriError) as e:
             log.warning("NRI: plugin %s not connected: %s", p.name, e)
-            await p.link.close()
+            await self._gone(p)
             return
         except Exception:
             log.exception("NRI: plugin %s not connected", p.name)
-            await p.link.close()
+            await self._gone(p)
             return
         self._spawn(self._watch(p))
 
@@ -226,18 +238,51 @@ class Adaptation:
 
     async def _watch(self, p: Plugin) -> None:
         await p.link.closed.wait()
+        self._external.discard(p)
         if p in self.plugins:
             log.info("NRI: plugin %s disconnected", p.name)
             self._drop(p)
 
-    def _drop(self, p: Plugin) -> None:
+    async def _gone(self, p: Plugin) -> None:
+        self._external.discard(p)
+        await p.link.close()
+
+    def _forget(self, p: Plugin) -> None:
+        """No more events for `p`."""
         self.plugins = [q for q in self.plugins if q is not p]
         wanted = 0
         for q in self.plugins:
             wanted |= q.events
         self._wanted = wanted
+
+    def _drop(self, p: Plugin) -> None:
+        self._forget(p)
         if not p.closed:
             self._spawn(p.link.close())
+
+    async def _shut_down(self, plugins: Iterable[Plugin]) -> None:
+        """Tell each plugin (Shutdown) and disconnect it, with no event between: the
+        event lock is held, so a hook in flight ends first."""
+        async with self._lock:
+            for p in plugins:
+                registered = p in self.plugins
+                self._forget(p)
+                if registered and not p.closed:
+                    with contextlib.suppress(NRIPluginError):
+                        await p.link.call("Shutdown", api.Empty(), api.Empty, SHUTDOWN_TIMEOUT)
+                await self._gone(p)
+
+    async def disconnect_external(self) -> None:
+        """Shut down every plugin that came through the socket (also those still
+        registering); pre-installed plugins stay."""
+        await self._shut_down(list(self._external))
+
+    async def stop_preinstalled(self) -> None:
+        """Shut down the pre-installed plugins and end their processes."""
+        launched, self._launched = self._launched, []
+        await self._shut_down([p for p in self.plugins if p.preinstalled])
+        for started in launched:
+            await launch.stop(started)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -245,21 +290,14 @@ class Adaptation:
         task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
-        """Daemon shutdown: tell every plugin, then disconnect them."""
-        if self._listener is not None:
-            listener, self._listener = self._listener, None
-            listener.close()
-        plugins, self.plugins, self._wanted = self.plugins, [], 0
-        for p in plugins:
-            with contextlib.suppress(NRIPluginError):
-                await p.link.call("Shutdown", api.Empty(), api.Empty, SHUTDOWN_TIMEOUT)
-            await p.link.close()
+        """Daemon shutdown (or NRI disabled by a reload): tell every plugin, disconnect
+        them, end the pre-installed ones. What pods and containers exist is kept."""
+        await self.unlisten()
+        await self._shut_down(dict.fromkeys([*self.plugins, *self._external]))
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for started in self._launched:
-            await launch.stop(started)
-        self._launched = []
+        await self.stop_preinstalled()
 
     # -- registration (called by a PluginLink) ------------------------------------------
 

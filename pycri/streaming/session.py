@@ -62,6 +62,23 @@ class Writer(Protocol):
     async def wait_closed(self) -> None: ...
 
 
+async def hang_up(writer: Writer, reader: asyncio.Task[None] | None,
+                  linger: float = LINGER) -> None:
+    """The end of a SPDY session or a WebSocket connection, once its goodbye is sent:
+    give the peer `linger` seconds to read it and hang up (the read loop `reader` then
+    ends; closing with its input unread would reset the connection and could lose what
+    was sent last), then close the transport and stop the read loop."""
+    if reader is not None:
+        await asyncio.wait({reader}, timeout=linger)
+    writer.close()
+    if reader is not None:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
+    with contextlib.suppress(OSError, ConnectionError):
+        await writer.wait_closed()
+
+
 class Abuse(Exception):
     """The peer goes past a bound no honest client reaches; the session is closed."""
 
@@ -278,23 +295,13 @@ class Session:
         self._space.set()
 
     async def close(self, linger: float = LINGER) -> None:
-        """Say GOAWAY, stop writing, and give the peer `linger` seconds to hang up before
-        closing (closing with unread input would reset the connection and could lose
-        what we sent last)."""
+        """Say GOAWAY, stop writing, then hang up (hang_up)."""
         if not self.writer.is_closing():
             await self.send(spdy.GoAway(self._last_remote_id))
             with contextlib.suppress(OSError, RuntimeError):
                 if self.writer.can_write_eof():
                     self.writer.write_eof()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.closed.wait(), linger)
-        self.writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
-        with contextlib.suppress(OSError, ConnectionError):
-            await self.writer.wait_closed()
+        await hang_up(self.writer, self._reader_task, linger)
         self._end()
 
     def _end(self) -> None:

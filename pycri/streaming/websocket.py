@@ -50,6 +50,7 @@ from pycri.streaming.session import (
     MAX_STREAM_BUFFER,
     Reader,
     Writer,
+    hang_up,
 )
 
 log = logging.getLogger(__name__)
@@ -143,21 +144,11 @@ class Connection:
         self._end()
 
     async def close(self, linger: float = LINGER) -> None:
-        """Normal closure, then give the peer `linger` seconds to answer and hang up
-        (closing with its input unread would reset the connection and could lose what
-        we sent last)."""
+        """Normal closure, then hang up once the peer answers (hang_up)."""
         if self.open:
             self.send_now(CloseConnection(NORMAL))
             await self.drain()
-        if self._task is not None:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._task), linger)
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-        self.writer.close()
-        with contextlib.suppress(OSError, ConnectionError):
-            await self.writer.wait_closed()
+        await hang_up(self.writer, self._task, linger)
         self._end()
 
     def _end(self) -> None:

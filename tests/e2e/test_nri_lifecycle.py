@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -372,7 +373,9 @@ def test_plugins_connecting_in_a_loop_leak_nothing(node: Node,
     assert len(os.listdir(fds)) <= before + 1  # only `last`'s connection
 
 
-def test_preinstalled_plugin_is_started_configured_and_stopped(node: Node) -> None:
+def install_recorder(node: Node) -> Path:
+    """The test plugin as the node's pre-installed plugin 05-recorder, recording to the
+    JSON-lines file returned (read at the next start or NRI reload)."""
     log = node.tmp / "preinstalled.jsonl"
     plugin_dir, conf_dir = node.tmp / "nri-plugins", node.tmp / "nri-conf.d"
     plugin_dir.mkdir()
@@ -381,6 +384,11 @@ def test_preinstalled_plugin_is_started_configured_and_stopped(node: Node) -> No
     exe.write_text(f"#!/bin/sh\ncd {REPO} && exec {sys.executable} -m tests.lib.nri_plugin\n")
     exe.chmod(0o755)
     (conf_dir / "recorder.conf").write_text(f"log={log}\n")
+    return log
+
+
+def test_preinstalled_plugin_is_started_configured_and_stopped(node: Node) -> None:
+    log = install_recorder(node)
     node.restart()  # pre-installed plugins start with the daemon
     sid, _ = node.run_pod("nri-pre")
     lines = [json.loads(x) for x in log.read_text().splitlines()]

@@ -9,18 +9,27 @@ import os
 import re
 import secrets
 import signal
+import socket
+import stat
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node, conflist
+from tests.e2e.test_cdi import spec as cdi_spec
+from tests.e2e.test_nri_lifecycle import _is_zombie, install_recorder
 from tests.e2e.test_operator import _free_port, _listening_ports
+from tests.lib import images
+from tests.lib.nri_plugin import PluginThread
+from tests.lib.registry import Registry
 
 
 def _reload(node: Node, text: str, expect: str) -> str:
@@ -122,3 +131,183 @@ def test_sighup_applies_a_good_file_and_refuses_a_bad_one(node: Node, bridge: st
     assert (node.tmp / "state" / "runc" / cid).is_dir()
     node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1))
     assert node.status(cid).state == pb.CONTAINER_EXITED
+
+
+SLEEP = ["sleep", "3600"]
+
+
+def _nri(text: str, *lines: str) -> str:
+    """The config `text` with `lines` added to its [nri] table."""
+    return text.replace("[nri]\n", "[nri]\n" + "".join(f"{x}\n" for x in lines), 1)
+
+
+def _records(log: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+
+
+def _wait(pred: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_sighup_reloads_nri_and_running_pods_never_notice(node: Node) -> None:
+    """Timeouts apply to the next call with every plugin staying; a socket path held by
+    another process refuses the reload; a moved socket keeps connected plugins;
+    disable_connections drops the socket's plugins and keeps the pre-installed one;
+    enable = false stops NRI, enable = true starts it with what runs."""
+    log = install_recorder(node)
+    node.restart()
+    base = node.proc.config.read_text()
+    sid, pod = node.run_pod("nri-before")
+    cid = node.run(sid, pod, "sleeper", SLEEP)
+    started = node.status(cid).started_at
+    pid = _records(log)[0]["pid"]
+
+    def preinstalled_saw(pod_id: str) -> bool:
+        return any(r["method"] == "RunPodSandbox" and r["request"]["pod"]["id"] == pod_id
+                   for r in _records(log))
+
+    old_socket, moved = Path(node.nri_socket), node.tmp / "nri2" / "nri.sock"
+    with PluginThread("ext", "60") as ext, PluginThread("late", "70") as late:
+        ext.connect(node.nri_socket)
+        ext.wait_for("Synchronize")
+        line = _reload(node, _nri(base, "request_timeout = 0.5"), "config reloaded: ")
+        assert line.endswith("config reloaded: nri.request_timeout"), line
+        assert ext.is_connected()
+
+        # A new socket path someone else serves: refused, the old socket still serves.
+        moved.parent.mkdir()
+        squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        squatter.bind(str(moved))
+        squatter.listen()
+        text = _nri(base.replace(str(old_socket), str(moved)), "request_timeout = 0.5")
+        try:
+            line = _reload(node, text, "config reload refused")
+        finally:
+            squatter.close()
+        assert f"nri.socket_path: cannot listen on {moved}" in line, line
+        assert old_socket.exists()
+        moved.unlink()
+
+        line = _reload(node, text, "config reloaded: ")
+        assert line.endswith("config reloaded: nri.socket_path"), line
+        assert not old_socket.exists()
+        assert stat.S_IMODE(os.stat(moved).st_mode) == 0o600
+        assert ext.is_connected()  # connected through the old socket, still there
+        sid2, _ = node.run_pod("nri-moved")
+        ext.wait_for("RunPodSandbox", lambda r: r.pod.id == sid2)
+        late.connect(str(moved))
+        synced = late.wait_for("Synchronize")
+        assert {sid, sid2} <= {p.id for p in synced.pods}
+
+        # The reloaded request timeout (0.5 s, not the 2 s before) ends a slow plugin.
+        ext.plugin.delays["RunPodSandbox"] = 1.5
+        sid3, _ = node.run_pod("nri-slow")
+        ext.wait_closed()
+        assert node.pod_status(sid3).state == pb.SANDBOX_READY
+
+        # disable_connections: the socket goes and its plugins with it; not the
+        # pre-installed one.
+        line = _reload(node, _nri(text, "disable_connections = true"), "config reloaded: ")
+        assert line.endswith("config reloaded: nri.disable_connections"), line
+        late.wait_closed()
+        assert not moved.exists()
+        sid4, _ = node.run_pod("nri-closed")
+        _wait(lambda: preinstalled_saw(sid4), "the pre-installed plugin missed a pod")
+        assert {r["pid"] for r in _records(log)} == {pid}
+
+    # enable = false: every plugin shut down, the pre-installed process gone.
+    line = _reload(node, _nri(base, "enable = false"), "config reloaded: ")
+    assert "nri.enable" in line, line
+    _wait(lambda: not os.path.exists(f"/proc/{pid}") or _is_zombie(pid),
+          "the pre-installed plugin still runs")
+    assert not old_socket.exists()
+    sid5, _ = node.run_pod("nri-off")
+    # enable = true again: started as at start-up, synchronized with what runs now.
+    line = _reload(node, base, "config reloaded: ")
+    assert line.endswith("config reloaded: nri.enable"), line
+    assert old_socket.exists()
+    _wait(lambda: len({r["pid"] for r in _records(log)}) == 2, "not started again")
+    sync = [r for r in _records(log) if r["method"] == "Synchronize"][-1]
+    assert {sid, sid5} <= {p["id"] for p in sync["request"]["pods"]}
+    assert not preinstalled_saw(sid5)
+    # What ran before any of this runs on.
+    assert node.pod_status(sid).state == pb.SANDBOX_READY
+    st = node.status(cid)
+    assert st.state == pb.CONTAINER_RUNNING and st.started_at == started
+
+
+def test_sighup_reloads_cdi_dirs_and_checkpoint_settings(node: Node) -> None:
+    base = node.proc.config.read_text()
+    sid, pod = node.run_pod("cdi-reload")
+    dev = [pb.CDIDevice(name="pycri.test/null=null")]
+    with pytest.raises(grpc.RpcError) as exc:
+        node.create(sid, pod, "before", SLEEP, CDI_devices=dev)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    cid = node.run(sid, pod, "sleeper", SLEEP)
+    # Asked once with the default criu: the answer is cached...
+    ckpt = pb.CheckpointContainerRequest(container_id=cid, location=str(node.tmp / "c.tar"))
+    with pytest.raises(grpc.RpcError) as exc:
+        node.cri.runtime.CheckpointContainer(ckpt)
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+    spec_dir, missing = node.tmp / "cdi-reloaded", node.tmp / "no-criu"
+    spec_dir.mkdir()
+    (node.tmp / "cdi-data").mkdir()
+    (spec_dir / "null.json").write_text(json.dumps(cdi_spec(node.tmp / "cdi-data")))
+    line = _reload(node, f'{base}[cdi]\nspec_dirs = ["{spec_dir}"]\n'
+                   f'[checkpoint]\ncriu = "{missing}"\n', "config reloaded: ")
+    assert line.endswith("config reloaded: cdi.spec_dirs, checkpoint.criu"), line
+    # ...and asked again after the reload, with the new binary.
+    with pytest.raises(grpc.RpcError) as exc:
+        node.cri.runtime.CheckpointContainer(ckpt)
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert f"the criu binary {missing} is not there" in (exc.value.details() or "")
+    # The next create finds the device in the reloaded spec dir.
+    with_dev = node.run(sid, pod, "after", SLEEP, CDI_devices=dev)
+    assert node.exec(with_dev, "test", "-c", "/dev/cdi-null").exit_code == 0
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+
+
+def _manifest_gets(reg: Registry, repo: str) -> int:
+    pat = re.compile(rf'"GET /v2/{re.escape(repo)}/manifests/')
+    return len(pat.findall(reg.log_path.read_text(errors="replace")))
+
+
+def test_sighup_switches_the_next_pull_to_a_mirror(node: Node, registry: Registry,
+                                                   tmp_path: Path) -> None:
+    """The Done-when of issue 13: a SIGHUP that points [images] registries_conf at a
+    file with a mirror makes the next pull fetch from the mirror, and the pod running
+    since before is not touched."""
+    mirror = Registry(tmp_path / "mirror").start()
+    try:
+        origin, _, rest = node.image.partition("/")
+        name, _, tag = rest.rpartition(":")
+        assert images.push_busybox(mirror.addr, tmp_path / "mirror-layout", name, tag) == \
+            f"{mirror.addr}/{rest}"
+        sid, pod = node.run_pod("mirror-before")
+        cid = node.run(sid, pod, "sleeper", SLEEP)
+        started = node.status(cid).started_at
+        pull = pb.PullImageRequest(image=pb.ImageSpec(image=node.image))
+        node.cri.image.PullImage(pull)
+        assert _manifest_gets(mirror, name) == 0
+        from_origin = _manifest_gets(registry, name)
+        assert from_origin > 0
+
+        conf = node.tmp / "mirrored-registries.conf"
+        conf.write_text(f'[[registry]]\nprefix = "{origin}"\nlocation = "{origin}"\n'
+                        f'[[registry.mirror]]\nlocation = "{mirror.addr}"\n')
+        base = node.proc.config.read_text()
+        text = re.sub(r'registries_conf = ".*"', f'registries_conf = "{conf}"', base)
+        line = _reload(node, text, "config reloaded: ")
+        assert line.endswith("config reloaded: images.registries_conf"), line
+        node.cri.image.PullImage(pull)
+        assert _manifest_gets(mirror, name) > 0
+        assert _manifest_gets(registry, name) == from_origin
+        st = node.status(cid)
+        assert st.state == pb.CONTAINER_RUNNING and st.started_at == started
+        assert node.pod_status(sid).state == pb.SANDBOX_READY
+    finally:
+        mirror.stop()
