@@ -302,8 +302,8 @@ def monitors_of(ids: set[str], daemon: int | None) -> tuple[ProcGroup, ProcGroup
 # ---- phases --------------------------------------------------------------------------------
 
 
-def alternate(eps: list[Endpoint], i: int) -> list[Endpoint]:
-    """Both endpoints, the order flipped on every other sample."""
+def alternate(eps: list[T], i: int) -> list[T]:
+    """Both endpoints (or what stands for them), the order flipped on every other sample."""
     return eps if i % 2 == 0 else list(reversed(eps))
 
 
