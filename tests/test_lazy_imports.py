@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import subprocess
 import sys
 import tarfile
@@ -16,7 +17,7 @@ from pathlib import Path
 import zstandard
 
 ROOT = Path(__file__).resolve().parent.parent
-LAZY = ("httpx", "zstandard", "yaml")
+LAZY = ("httpx", "zstandard", "yaml", "prometheus_client")
 
 
 def _fresh(code: str) -> dict[str, object]:
@@ -81,3 +82,28 @@ def test_yaml_cdi_spec_on_first_use() -> None:
     """)
     assert out["doc"] == {"cdiVersion": "0.6.0", "kind": "a.b/c"}
     assert "yaml" in out["after"]  # type: ignore[operator]
+
+
+def test_metrics_endpoint_on_first_use() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = _fresh(f"""
+        import urllib.request
+        from pycri import metrics
+        metrics.RPC_ERRORS.labels("PullImage", "NOT_FOUND").inc()
+        metrics.RPC_SECONDS.labels("Version").observe(0.002)
+        out["before_serve"] = "prometheus_client" in sys.modules
+        stop = metrics.serve("127.0.0.1:{port}")
+        with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            out["text"] = r.read().decode()
+        stop()
+    """)
+    assert out["before_serve"] is False
+    text = str(out["text"])
+    assert 'pycri_rpc_errors_total{code="NOT_FOUND",method="PullImage"} 1.0' in text
+    assert 'pycri_rpc_duration_seconds_bucket{le="0.005",method="Version"} 1.0' in text
+    assert 'pycri_rpc_duration_seconds_bucket{le="0.001",method="Version"} 0.0' in text
+    assert "pycri_image_pull_bytes_total 0.0" in text  # an unlabelled one: there from the start
+    assert "pycri_process_resident_memory_bytes" in text
+    assert "prometheus_client" in out["after"]  # type: ignore[operator]
