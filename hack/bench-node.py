@@ -61,14 +61,15 @@ from bench import (
     Endpoint,
     alternate,
     cpu_seconds,
+    endpoint_args,
     fmt_ratio,
     guard,
     monitors_of,
+    open_endpoints,
     percentile,
+    print_errors,
     pss_kb,
     rss_kb,
-    socket_owner,
-    socket_path,
     summary,
     version,
 )
@@ -370,9 +371,7 @@ def _sigterm(_sig: int, _frame: object) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pycri", default="unix:///run/pycri-bench/pycri.sock")
-    ap.add_argument("--containerd", default="unix:///run/containerd/containerd.sock")
-    ap.add_argument("--image", default="127.0.0.1:5000/e2e-test-images/busybox:1.29-2")
+    endpoint_args(ap)
     ap.add_argument("--n", type=int, default=20, help="samples per row of the ops table")
     ap.add_argument("--sizes", default="100,500", help="pods per node, ascending")
     ap.add_argument("--par", type=int, default=10, help="pods started at once in a fill")
@@ -384,9 +383,6 @@ def main() -> int:
     ap.add_argument("--cpu-sizes", default="", help="sizes with the CPU phase (default: first)")
     ap.add_argument("--settle", type=float, default=5.0, help="s before reading memory")
     ap.add_argument("--skip-ops", action="store_true")
-    ap.add_argument("--pycri-pid", type=int)
-    ap.add_argument("--containerd-pid", type=int)
-    ap.add_argument("--log-root", default="/var/tmp/cri-bench-logs", type=Path)
     ap.add_argument("--json", type=Path, help="write all samples and figures here")
     args = ap.parse_args()
     sizes = sorted({int(s) for s in args.sizes.split(",") if s})
@@ -394,12 +390,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _sigterm)
 
     run_id = f"node-{int(time.time())}-{os.getpid()}"
-    a = Endpoint("pycri", args.pycri, args.log_root / run_id, args.pycri_pid)
-    b = Endpoint("containerd", args.containerd, args.log_root / run_id, args.containerd_pid)
+    a, b = open_endpoints(args, run_id)
     eps = [a, b]
-    for ep in eps:
-        ep.pid = ep.pid or socket_owner(socket_path(ep.target))
-        print(f"{ep.label}: {ep.target} ({version(ep)}), daemon pid {ep.pid}", flush=True)
     load0 = os.getloadavg()
     print(f"host: {platform.node()} {platform.release()}, {os.cpu_count()} CPUs, "
           f"load {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}; run {run_id}", flush=True)
@@ -463,11 +455,7 @@ def main() -> int:
     print("\n".join(scale_table(nodes[0], nodes[1], sizes)))
     print("\nload average (1, 5, 15 min): " + "; ".join(
         f"{k} {v[0]:.2f} {v[1]:.2f} {v[2]:.2f}" for k, v in loads.items()))
-    for ep in eps:
-        if ep.errors:
-            print(f"\n{ep.label}: {len(ep.errors)} error(s), first ones:")
-            for e in ep.errors[:10]:
-                print(f"  {e}")
+    print_errors(eps)
     print(f"\ntotal {time.time() - t0:.0f} s")
     if args.json:
         args.json.write_text(json.dumps({
