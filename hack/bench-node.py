@@ -442,7 +442,7 @@ def main() -> int:
         shutil.rmtree(args.log_root / run_id, ignore_errors=True)
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if interrupted:
-        return 130
+        print("\nINTERRUPTED: the figures below are what was measured before ^C")
 
     print(f"\nops: n={args.n}, one call at a time, medians; ratio = {a.label}/{b.label} "
           "(below 1: pycri faster)\n")
@@ -468,7 +468,7 @@ def main() -> int:
             } for n in nodes},
         }, indent=1))
         print(f"wrote {args.json}")
-    return 1 if any(ep.errors for ep in eps) else 0
+    return 130 if interrupted else 1 if any(ep.errors for ep in eps) else 0
 
 
 if __name__ == "__main__":
