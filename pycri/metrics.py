@@ -9,7 +9,7 @@ streaming sessions are counted only when scraped, from the daemon's in-memory re
 prometheus_client's HTTP server in its own thread: a scrape never waits on the loop.
 
 The counters are this module's own, and prometheus_client (with the http.server, email
-and urllib it brings, ~3 MB of an idle daemon's 56) is imported only when something
+and urllib it brings, 2.6 MiB of an idle daemon's 55) is imported only when something
 reads them: the endpoint's start, or `REGISTRY.get_sample_value`. A node that serves no
 metrics never loads it; a scrape sees the same families prometheus_client's own
 Counter and Histogram would give.
