@@ -31,8 +31,9 @@ Run as root (it reads /proc of the daemons):
         [--containerd unix:///run/containerd/containerd.sock] [--sizes 100,500] [--n 20]
 
 Every pod carries the label cri-bench-run=<run id>; all are stopped and removed at the
-end, also after an error, ^C or SIGTERM. A shared containerd may run other users' pods:
-the pods each daemon held at every point are printed with the figures.
+end, also after an error, ^C or SIGTERM (started in the background by a script, it
+ignores SIGINT as such jobs do: stop it with SIGTERM). A shared containerd may run
+other users' pods: the pods each daemon held at every point are printed with the figures.
 """
 
 from __future__ import annotations
@@ -430,7 +431,7 @@ def main() -> int:
         interrupted = True
         print("\ninterrupted: cleaning up", file=sys.stderr, flush=True)
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second ^C must not skip the cleanup
+        prev = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a 2nd ^C must not skip the cleanup
         for ep in eps:
             try:
                 t = time.perf_counter()
@@ -440,7 +441,7 @@ def main() -> int:
             except grpc.RpcError as err:
                 print(f"cleanup [{ep.label}] failed: {err}", file=sys.stderr)
         shutil.rmtree(args.log_root / run_id, ignore_errors=True)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, prev)
     if interrupted:
         print("\nINTERRUPTED: the figures below are what was measured before ^C")
 
