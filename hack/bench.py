@@ -178,11 +178,23 @@ class Endpoint:
         return [p.id for p in resp.items]
 
     def cleanup(self, run_id: str) -> int:
+        """Stop and remove this run's pods; one that fails does not stop the others
+        (it is printed, and left for a second pass)."""
+
+        def one(pod: str) -> bool:
+            try:
+                self.stop_remove(pod, prefix=None)
+                return True
+            except grpc.RpcError as e:
+                print(f"  [{self.label}] cleanup of {pod[:12]}: {e.code().name}: "
+                      f"{(e.details() or '')[:160]}", file=sys.stderr, flush=True)
+                return False
+
         pods = self.our_pods(run_id)
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda p: self.stop_remove(p, prefix=None), pods))
+            removed = sum(ex.map(one, pods))
         shutil.rmtree(self.log_root / self.label, ignore_errors=True)
-        return len(pods)
+        return removed
 
 
 # ---- /proc -------------------------------------------------------------------------------
