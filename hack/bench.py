@@ -178,11 +178,23 @@ class Endpoint:
         return [p.id for p in resp.items]
 
     def cleanup(self, run_id: str) -> int:
+        """Stop and remove this run's pods; one that fails does not stop the others
+        (it is printed, and left for a second pass)."""
+
+        def one(pod: str) -> bool:
+            try:
+                self.stop_remove(pod, prefix=None)
+                return True
+            except grpc.RpcError as e:
+                print(f"  [{self.label}] cleanup of {pod[:12]}: {e.code().name}: "
+                      f"{(e.details() or '')[:160]}", file=sys.stderr, flush=True)
+                return False
+
         pods = self.our_pods(run_id)
         with ThreadPoolExecutor(8) as ex:
-            list(ex.map(lambda p: self.stop_remove(p, prefix=None), pods))
+            removed = sum(ex.map(one, pods))
         shutil.rmtree(self.log_root / self.label, ignore_errors=True)
-        return len(pods)
+        return removed
 
 
 # ---- /proc -------------------------------------------------------------------------------
@@ -302,8 +314,8 @@ def monitors_of(ids: set[str], daemon: int | None) -> tuple[ProcGroup, ProcGroup
 # ---- phases --------------------------------------------------------------------------------
 
 
-def alternate(eps: list[Endpoint], i: int) -> list[Endpoint]:
-    """Both endpoints, the order flipped on every other sample."""
+def alternate(eps: list[T], i: int) -> list[T]:
+    """Both endpoints (or what stands for them), the order flipped on every other sample."""
     return eps if i % 2 == 0 else list(reversed(eps))
 
 
@@ -532,16 +544,44 @@ def report(a: Endpoint, b: Endpoint) -> str:
     return "\n".join(lines)
 
 
+def print_errors(eps: list[Endpoint], most: int = 20) -> None:
+    for ep in eps:
+        if ep.errors:
+            print(f"\n{ep.label}: {len(ep.errors)} error(s), the first ones:")
+            for e in ep.errors[:most]:
+                print(f"  {e}")
+
+
 def version(ep: Endpoint) -> str:
     v = ep.rt.Version(pb.VersionRequest(), timeout=10)
     return f"{v.runtime_name} {v.runtime_version}"
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def endpoint_args(ap: argparse.ArgumentParser) -> None:
+    """The options every side-by-side script takes: the two endpoints and the image."""
     ap.add_argument("--pycri", default="unix:///run/pycri-bench/pycri.sock")
     ap.add_argument("--containerd", default="unix:///run/containerd/containerd.sock")
     ap.add_argument("--image", default="127.0.0.1:5000/e2e-test-images/busybox:1.29-2")
+    ap.add_argument("--pycri-pid", type=int, help="daemon pid (default: socket owner)")
+    ap.add_argument("--containerd-pid", type=int, help="daemon pid (default: socket owner)")
+    ap.add_argument("--log-root", default="/var/tmp/cri-bench-logs", type=Path)
+
+
+def open_endpoints(args: argparse.Namespace, run_id: str) -> tuple[Endpoint, Endpoint]:
+    """(pycri, containerd) from `endpoint_args`' options, daemon pids found, versions shown."""
+    a = Endpoint("pycri", args.pycri, args.log_root / run_id, args.pycri_pid)
+    b = Endpoint("containerd", args.containerd, args.log_root / run_id, args.containerd_pid)
+    for ep in (a, b):
+        ep.pid = ep.pid or socket_owner(socket_path(ep.target))
+        print(f"{ep.label}: {ep.target} ({version(ep)}), daemon pid {ep.pid}", flush=True)
+        if ep.pid is None:
+            print(f"  [{ep.label}] daemon pid unknown: no memory/CPU figures", file=sys.stderr)
+    return a, b
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    endpoint_args(ap)
     ap.add_argument("--pull-image", help="image for the pull phase (default: --image)")
     ap.add_argument("--containers", type=int, default=50, help="N for the memory/list phase")
     ap.add_argument("--seq", type=int, default=30, help="sequential pod samples")
@@ -553,9 +593,6 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=3.0, help="s to wait before reading memory")
     ap.add_argument("--phases", default="pull,pod,podpar,start,mem",
                     help="comma-separated subset of pull,pod,podpar,start,mem")
-    ap.add_argument("--pycri-pid", type=int, help="daemon pid (default: socket owner)")
-    ap.add_argument("--containerd-pid", type=int, help="daemon pid (default: socket owner)")
-    ap.add_argument("--log-root", default="/var/tmp/cri-bench-logs", type=Path)
     ap.add_argument("--json", type=Path, help="write samples and results here")
     args = ap.parse_args()
     phases = set(args.phases.split(","))
@@ -564,14 +601,8 @@ def main() -> int:
         ap.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
 
     run_id = f"{int(time.time())}-{os.getpid()}"
-    a = Endpoint("pycri", args.pycri, args.log_root / run_id, args.pycri_pid)
-    b = Endpoint("containerd", args.containerd, args.log_root / run_id, args.containerd_pid)
+    a, b = open_endpoints(args, run_id)
     eps = [a, b]
-    for ep in eps:
-        ep.pid = ep.pid or socket_owner(socket_path(ep.target))
-        print(f"{ep.label}: {ep.target} ({version(ep)}), daemon pid {ep.pid}", flush=True)
-        if ep.pid is None:
-            print(f"  [{ep.label}] daemon pid unknown: no memory/CPU figures", file=sys.stderr)
     print(f"host: {platform.node()} {platform.release()}, {os.cpu_count()} CPUs; run {run_id}",
           flush=True)
 
@@ -610,11 +641,7 @@ def main() -> int:
 
     print()
     print(report(a, b))
-    for ep in eps:
-        if ep.errors:
-            print(f"\n{ep.label}: {len(ep.errors)} error(s):")
-            for e in ep.errors[:20]:
-                print(f"  {e}")
+    print_errors(eps)
     print(f"\ntotal {time.time() - t0:.0f} s")
     if args.json:
         doc = {

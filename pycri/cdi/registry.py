@@ -19,8 +19,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import yaml
-
 from pycri.cdi import edits as edits_mod
 from pycri.cdi import names
 from pycri.cdi.schema import ContainerEdits, DeviceNode, Spec, SpecError, parse_spec
@@ -56,6 +54,8 @@ def _count(value: Any, budget: list[int]) -> None:
 
 def decode(path: str, data: bytes) -> Any:
     """A spec file's document: JSON for .json, YAML (safe_load) for .yaml."""
+    import yaml  # on the first spec read: a node without CDI specs does not carry it
+
     try:
         doc = json.loads(data) if path.endswith(".json") else yaml.safe_load(data)
         _count(doc, [MAX_NODES])

@@ -30,7 +30,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pycri import errors, malloc, metrics
 from pycri.config import ImagesConfig
@@ -38,16 +38,13 @@ from pycri.image import reference, schema
 from pycri.image.auth import Auth
 from pycri.image.content import ContentStore
 from pycri.image.regconf import Endpoint, RegistriesConf
-from pycri.image.registry import (
-    DOCKER_LIST,
-    OCI_INDEX,
-    ManifestNotFound,
-    RegistryClient,
-)
 from pycri.image.snapshots import Idmap, Snapshotter, _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
 from pycri.image.unpack import Bound, disk_usage, unpack_layer
 from pycri.store.db import Record, Store
+
+if TYPE_CHECKING:  # the registry client (httpx) is imported on the first pull, not at start
+    from pycri.image.registry import RegistryClient
 
 log = logging.getLogger("pycri.image")
 
@@ -130,6 +127,8 @@ class ImageManager:
     @property
     def client(self) -> RegistryClient:
         if self._client is None:
+            from pycri.image.registry import RegistryClient
+
             self._client = RegistryClient(self._cfg)
         return self._client
 
@@ -245,6 +244,8 @@ class ImageManager:
             hold(top)
             eps = [ep] + [e for e in endpoints if e != ep]
             doc, mdigest = schema.parse_json(data, f"manifest of {r}"), top
+            from pycri.image.registry import DOCKER_LIST, OCI_INDEX
+
             if schema.is_index(mtype, doc, (OCI_INDEX, DOCKER_LIST)):
                 mdigest = self._choose_platform(doc, r)
                 hold(mdigest)
@@ -304,6 +305,8 @@ class ImageManager:
                     log.info("mirror %s for %s failed, trying next: %s", ep.host, r, e)
                 last = e
         assert last is not None
+        from pycri.image.registry import ManifestNotFound
+
         if isinstance(last, ManifestNotFound):
             raise errors.NotFound(f"image {r} not found: {last}")
         raise last

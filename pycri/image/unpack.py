@@ -26,8 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-import zstandard
-
 from pycri import errors
 
 log = logging.getLogger("pycri.image.unpack")
@@ -87,6 +85,8 @@ def _decompressing(raw: IO[bytes]) -> IO[bytes]:
     if head[:2] == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if head == b"\x28\xb5\x2f\xfd":
+        import zstandard  # unpack_layer's import: already loaded
+
         return zstandard.ZstdDecompressor().stream_reader(raw, read_size=BUF)
     return raw
 
@@ -281,6 +281,8 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
 
     Nothing is left behind on any failure: a corrupt or hostile layer, a layer over
     `bound`, or the disk filling up (ResourceExhausted)."""
+    import zstandard  # on the first unpack: an idle node does not carry it
+
     bound = bound or Bound(2**63, "unbounded")
     what = f"layer {blob.name}"
     tmp = tmp_root / f"unpack-{uuid.uuid4().hex}"
