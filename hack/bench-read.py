@@ -12,7 +12,8 @@ flipped on every round:
           (RunPodSandbox + CreateContainer + StartContainer, then Stop + Remove, again)
 
 and prints p50/p99 per call and runtime, with the ratios against containerd's p50 that
-issue 12 sets (quiet p50 <= 1x, loaded p99 <= 2x) and the load average.
+issue 12 sets (quiet p50 <= 1x, loaded p99 <= 2x) and the load average. --baseline adds
+a second pycri (say, main's build) to the same rounds: before and after in one window.
 
     .venv/bin/python hack/bench-read.py --pycri unix:///run/pycri-bench/pycri.sock \\
         --containerd unix:///run/containerd/containerd.sock [--rounds 2000] [--json F]
@@ -38,7 +39,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import Endpoint, alternate, guard, percentile, socket_owner, socket_path
+from bench import Endpoint, guard, percentile, socket_owner, socket_path
 
 from pycri.api import api_pb2 as pb
 
@@ -64,11 +65,13 @@ def read_calls(ep: Endpoint, image: str, pod: str, ctr: str) -> list[Call]:
 
 
 def sample(eps: list[Endpoint], calls: dict[str, list[Call]], rounds: int, tag: str) -> None:
-    """`rounds` rounds of every call on every endpoint, interleaved call by call."""
+    """`rounds` rounds of every call on every endpoint, interleaved call by call, the
+    endpoints' order rotated from one call to the next."""
     names = [n for n, _ in calls[eps[0].label]]
     for i in range(rounds):
         for k, name in enumerate(names):
-            for ep in alternate(eps, i + k):
+            turn = (i * len(names) + k) % len(eps)
+            for ep in eps[turn:] + eps[:turn]:
                 fn = calls[ep.label][k][1]
                 t = time.perf_counter()
                 try:
@@ -120,21 +123,63 @@ def stop_load(p: subprocess.Popen[str]) -> dict[str, int]:
     return json.loads(lines[-1]) if lines else {}
 
 
+# ---- the floor: grpc.aio answering with no work at all ------------------------------------
+
+
+def floor_server(path: str) -> int:
+    """A bare grpc.aio server answering each read RPC with an empty, pre-built message
+    (never a NotFound): what grpc-python costs per call before any runtime work."""
+    import asyncio
+
+    from pycri.api import api_pb2_grpc
+
+    class Empty(api_pb2_grpc.RuntimeServiceServicer, api_pb2_grpc.ImageServiceServicer):
+        pass
+
+    for name in READS:
+        answer = getattr(pb, f"{name}Response")()
+
+        async def handler(self: Any, request: Any, context: Any, answer: Any = answer) -> Any:
+            return answer
+        setattr(Empty, name, handler)
+
+    async def serve() -> None:
+        server = grpc.aio.server()
+        api_pb2_grpc.add_RuntimeServiceServicer_to_server(Empty(), server)
+        api_pb2_grpc.add_ImageServiceServicer_to_server(Empty(), server)
+        server.add_insecure_port(f"unix:{path}")
+        await server.start()
+        await server.wait_for_termination()
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    asyncio.run(serve())
+    return 0
+
+
+READS = ["ContainerStatus", "PodSandboxStatus", "ImageStatus", "ListContainers",
+         "ListPodSandbox", "ListImages", "Version", "Status"]
+
+
 # ---- report ---------------------------------------------------------------------------------
 
 
-def report(a: Endpoint, b: Endpoint, names: list[str]) -> str:
-    lines = [f"{'call':<18} {a.label + ' p50':>11} {b.label + ' p50':>15} {'ratio':>6}   "
-             f"{a.label + ' p99L':>11} {b.label + ' p99L':>15} {'p99L/' + b.label[:4] + 'p50':>13}",
-             "-" * 96]
+def report(eps: list[Endpoint], names: list[str]) -> str:
+    """p50 quiet and p99 loaded per call and endpoint, each against containerd's p50."""
+    ref = next(ep for ep in eps if ep.label == "containerd")
+    head = f"{'call':<17}" + "".join(f" {ep.label + ' p50':>16}" for ep in eps) + \
+        "".join(f" {ep.label + ' p99L':>17}" for ep in eps)
+    lines = [head, "-" * len(head)]
     for n in names:
-        pa, pb_ = (percentile(ep.samples.get(f"quiet.{n}", []), 50) for ep in (a, b))
-        la, lb = (percentile(ep.samples.get(f"load.{n}", []), 99) for ep in (a, b))
-        lines.append(f"{n:<18} {pa:>11.3f} {pb_:>15.3f} {pa / pb_:>6.2f}   "
-                     f"{la:>11.3f} {lb:>15.3f} {la / pb_:>13.2f}")
+        base = percentile(ref.samples.get(f"quiet.{n}", []), 50)
+        row = f"{n:<17}"
+        for tag, q in (("quiet", 50), ("load", 99)):
+            for ep in eps:
+                v = percentile(ep.samples.get(f"{tag}.{n}", []), q)
+                row += f" {v:>8.3f} ({v / base:>5.2f})"
+        lines.append(row)
     lines.append("")
-    lines.append(f"ms; p50 quiet, p99L = p99 while {a.label} and {b.label} each start pods "
-                 "in parallel; ratio = pycri/containerd")
+    lines.append("ms (in brackets: / containerd's quiet p50); p50 quiet; p99L = p99 while "
+                 "every endpoint starts --load pods at once")
     return "\n".join(lines)
 
 
@@ -146,6 +191,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pycri", default="unix:///run/pycri-bench/pycri.sock")
     ap.add_argument("--containerd", default="unix:///run/containerd/containerd.sock")
+    ap.add_argument("--baseline", help="a second pycri (another build: before/after)")
+    ap.add_argument("--floor", action="store_true",
+                    help="also time a bare grpc.aio server that does no work (quiet phase)")
+    ap.add_argument("--floor-server", help=argparse.SUPPRESS)
     ap.add_argument("--image", default="127.0.0.1:5000/e2e-test-images/busybox:1.29-2")
     ap.add_argument("--pods", type=int, default=10, help="pods (1 container each) present")
     ap.add_argument("--rounds", type=int, default=1000, help="rounds per phase")
@@ -158,11 +207,21 @@ def main() -> int:
     args = ap.parse_args()
     if args.load_worker:
         return load_worker(args.load_worker, args.run_id, args.image, args.load, args.log_root)
+    if args.floor_server:
+        return floor_server(args.floor_server)
 
     run_id = f"read-{int(time.time())}-{os.getpid()}"
     log_root = args.log_root / run_id
-    eps = [Endpoint("pycri", args.pycri, log_root), Endpoint("containerd", args.containerd,
-                                                            log_root)]
+    eps = [Endpoint("pycri", args.pycri, log_root)]
+    if args.baseline:
+        eps.append(Endpoint("baseline", args.baseline, log_root))
+    eps.append(Endpoint("containerd", args.containerd, log_root))
+    floor = None
+    if args.floor:
+        path = f"/run/bench-read-floor-{os.getpid()}.sock"
+        floor = subprocess.Popen([sys.executable, __file__, "--floor-server", path])
+        eps.append(Endpoint("grpc-floor", f"unix://{path}", log_root))
+        time.sleep(2)
     for ep in eps:
         ep.pid = socket_owner(socket_path(ep.target))
         v = ep.rt.Version(pb.VersionRequest(), timeout=10)
@@ -172,6 +231,9 @@ def main() -> int:
     info: dict[str, Any] = {"run_id": run_id, "args": {k: str(v) for k, v in vars(args).items()}}
     try:
         for ep in eps:
+            if ep.label == "grpc-floor":
+                calls[ep.label] = read_calls(ep, args.image, "pod", "ctr")
+                continue
             ep.ensure_image(args.image)
             made = [ep.pod_with_container(run_id, f"read-{j}", args.image, None)
                     for j in range(args.pods)]
@@ -183,12 +245,14 @@ def main() -> int:
             print(f"== quiet: {args.rounds} rounds, load average {info['load_quiet_before']}",
                   flush=True)
             sample(eps, calls, args.rounds, "quiet")
+        runtimes = [ep for ep in eps if ep.label != "grpc-floor"]  # what can start pods
         if "load" in args.phases:
-            workers = [start_load(ep, run_id, args.image, args.load, log_root) for ep in eps]
+            workers = [start_load(ep, run_id, args.image, args.load, log_root)
+                       for ep in runtimes]
             try:
                 time.sleep(3)  # let the cycles get going
                 info["load_loaded_before"] = loadavg()
-                sample(eps, calls, args.rounds, "load")
+                sample(runtimes, calls, args.rounds, "load")
                 info["load_loaded_after"] = loadavg()
             finally:
                 info["load_cycles"] = [stop_load(w) for w in workers]
@@ -196,13 +260,19 @@ def main() -> int:
                   f"{info['load_loaded_before']} .. {info['load_loaded_after']}, "
                   f"pod cycles {info['load_cycles']}", flush=True)
     finally:
+        if floor is not None:
+            floor.terminate()
+            floor.wait()
+            Path(str(floor.args[-1])).unlink(missing_ok=True)
         for ep in eps:
+            if ep.label == "grpc-floor":
+                continue
             try:
                 ep.cleanup(run_id)
             except grpc.RpcError as err:
                 print(f"cleanup [{ep.label}] failed: {err}", file=sys.stderr)
     print()
-    print(report(eps[0], eps[1], names))
+    print(report(eps, names))
     for ep in eps:
         if ep.errors:
             print(f"{ep.label}: {len(ep.errors)} error(s), first: {ep.errors[0]}")

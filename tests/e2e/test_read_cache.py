@@ -124,3 +124,30 @@ def test_answers_match_their_fields_filters_and_verbose(node: Node) -> None:
             filter=pb.ContainerFilter(pod_sandbox_id=sid))).containers
         assert [(c.id, c.pod_sandbox_id, c.labels["app"]) for c in in_pod] == [(cid, sid, "a")]
         assert len(rt.ListContainers(pb.ListContainersRequest()).containers) == 2
+
+
+def test_image_answers_follow_pull_and_remove(node: Node) -> None:
+    img = node.cri.image
+    spec = pb.ImageSpec(image=node.image)
+
+    def status() -> pb.Image:
+        return img.ImageStatus(pb.ImageStatusRequest(image=spec)).image
+
+    def listed() -> list[str]:
+        return [t for i in img.ListImages(pb.ListImagesRequest()).images for t in i.repo_tags]
+
+    pulled = status()
+    assert pulled.id and node.image in pulled.repo_tags and status() == pulled
+    assert listed() == [node.image]
+    verbose = img.ImageStatus(pb.ImageStatusRequest(image=spec, verbose=True))
+    assert verbose.image == pulled and json.loads(verbose.info["info"])["repoTags"]
+    img.RemoveImage(pb.RemoveImageRequest(image=spec))
+    assert not status().id
+    assert listed() == []
+    by_ref = img.ListImages(pb.ListImagesRequest(filter=pb.ImageFilter(image=spec))).images
+    assert list(by_ref) == []
+    img.PullImage(pb.PullImageRequest(image=spec))
+    assert status() == pulled
+    assert listed() == [node.image]
+    by_ref = img.ListImages(pb.ListImagesRequest(filter=pb.ImageFilter(image=spec))).images
+    assert [i.id for i in by_ref] == [pulled.id]
