@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench
 from bench import Endpoint, guard, percentile, socket_owner, socket_path
 
 from pycri.api import api_pb2 as pb
@@ -149,9 +151,11 @@ def floor_server(path: str) -> int:
         api_pb2_grpc.add_ImageServiceServicer_to_server(Empty(), server)
         server.add_insecure_port(f"unix:{path}")
         await server.start()
-        await server.wait_for_termination()
+        stop = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await server.stop(None)
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     asyncio.run(serve())
     return 0
 
@@ -210,6 +214,7 @@ def main() -> int:
     if args.floor_server:
         return floor_server(args.floor_server)
 
+    bench.RPC_TIMEOUT = 900.0  # pod set-up on a node under load: minutes, not a failure
     run_id = f"read-{int(time.time())}-{os.getpid()}"
     log_root = args.log_root / run_id
     eps = [Endpoint("pycri", args.pycri, log_root)]
@@ -229,15 +234,18 @@ def main() -> int:
               flush=True)
     calls: dict[str, list[Call]] = {}
     info: dict[str, Any] = {"run_id": run_id, "args": {k: str(v) for k, v in vars(args).items()}}
+    def setup(ep: Endpoint) -> list[Call]:
+        if ep.label == "grpc-floor":
+            return read_calls(ep, args.image, "pod", "ctr")
+        ep.ensure_image(args.image)
+        made = [ep.pod_with_container(run_id, f"read-{j}", args.image, None)
+                for j in range(args.pods)]
+        return read_calls(ep, args.image, *made[0])
+
     try:
-        for ep in eps:
-            if ep.label == "grpc-floor":
-                calls[ep.label] = read_calls(ep, args.image, "pod", "ctr")
-                continue
-            ep.ensure_image(args.image)
-            made = [ep.pod_with_container(run_id, f"read-{j}", args.image, None)
-                    for j in range(args.pods)]
-            calls[ep.label] = read_calls(ep, args.image, *made[0])
+        with ThreadPoolExecutor(len(eps)) as ex:  # a loaded node takes minutes per pod
+            for ep, made in zip(eps, ex.map(setup, eps), strict=True):
+                calls[ep.label] = made
         names = [n for n, _ in calls["pycri"]]
         sample(eps, calls, 50, "warm")
         if "quiet" in args.phases:
