@@ -46,6 +46,7 @@ from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, userns
 from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
+from pycri.server import wire
 from pycri.server.image_service import ImageServicer
 from pycri.server.runtime_service import RuntimeServicer
 from pycri.sockproxy import SocketProxy
@@ -247,10 +248,10 @@ class Daemon:
                 ("grpc.max_send_message_length", 32 * 1024 * 1024),
             ]
         )
-        pb_grpc.add_RuntimeServiceServicer_to_server(
-            RuntimeServicer(node, sandboxes, containers, streaming), server
-        )
-        pb_grpc.add_ImageServiceServicer_to_server(ImageServicer(images, cfg.lists), server)
+        wire.register(pb_grpc.add_RuntimeServiceServicer_to_server,
+                      RuntimeServicer(node, sandboxes, containers, streaming), server)
+        wire.register(pb_grpc.add_ImageServiceServicer_to_server,
+                      ImageServicer(images, cfg.lists), server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()

@@ -130,6 +130,9 @@ class ContainerManager:
         self.images = images
         self.nri: Adaptation = sandboxes.nri
         self.containers: dict[str, Container] = {}
+        # The same records by pod: PodSandboxStatus reads a pod's containers every
+        # second for every pod, which must not cost a walk over the node's containers.
+        self._of_pod: dict[str, dict[str, Container]] = {}
         self.names = NameRegistry("container")
         self._locks: dict[str, asyncio.Lock] = {}
         self.log_root = Path(cfg.state) / "logs"
@@ -174,7 +177,11 @@ class ContainerManager:
     def _save(self, c: Container) -> None:
         c.revision += 1
         self.store.put(KIND, c.id, c.to_record())
+        self._keep(c)
+
+    def _keep(self, c: Container) -> None:
         self.containers[c.id] = c
+        self._of_pod.setdefault(c.sandbox_id, {})[c.id] = c
 
     def _publish(self, c: Container, kind: int) -> None:
         self.events.publish(Event(c.id, c.sandbox_id, kind, time.time_ns()))
@@ -182,9 +189,13 @@ class ContainerManager:
     def _forget(self, c: Container) -> None:
         self.store.delete(KIND, c.id)
         self.containers.pop(c.id, None)
+        pod = self._of_pod.get(c.sandbox_id, {})
+        pod.pop(c.id, None)
+        if not pod:
+            self._of_pod.pop(c.sandbox_id, None)
 
     def of_sandbox(self, sandbox_id: str) -> list[Container]:
-        return [c for c in self.containers.values() if c.sandbox_id == sandbox_id]
+        return list(self._of_pod.get(sandbox_id, {}).values())
 
     def known_of_sandbox(self, sandbox_id: str) -> list[Container]:
         """The pod's containers whose state is known: what its status, events and stats
@@ -693,7 +704,7 @@ class ContainerManager:
         if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
             log.info("cleared %d exec session(s) a crash left behind", n)
         for c in self.store.load(KIND, self._load):
-            self.containers[c.id] = c
+            self._keep(c)
         self.unchecked = {c.id for c in self.containers.values()
                           if c.state != pb.CONTAINER_UNKNOWN}
         return {c.id for c in self.containers.values() if c.state in RUNNING_STATES}

@@ -119,6 +119,9 @@ class ImageManager:
         self._inflight: dict[str, asyncio.Task[None]] = {}
         self._held: Counter[str] = Counter()
         self._pinned: set[str] = set()
+        # Bumped on every change of what ImageStatus and ListImages answer (the records,
+        # their index, the pinned set): the servicer's encoded answers hold until then.
+        self.generation = 0
         self.set_pinned(pinned)
         self._by_ref: dict[str, str] = {}
         self._warned: set[str] = set()  # records already reported as unreadable
@@ -145,6 +148,7 @@ class ImageManager:
             for r in _strings(rec, "repo_tags") + _strings(rec, "repo_digests"):
                 by_ref[r] = iid
         self._by_ref = by_ref
+        self.generation += 1
 
     def _resolve(self, ref: str) -> str | None:
         """Image ID for an ID, full or unique-prefix hex, tag or digest reference."""
@@ -203,6 +207,7 @@ class ImageManager:
             with contextlib.suppress(errors.InvalidArgument):
                 pinned.add(str(reference.parse(ref)))
         self._pinned = pinned
+        self.generation += 1
 
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:

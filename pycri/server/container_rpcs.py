@@ -83,10 +83,27 @@ def container_item(c: Container) -> pb.Container:
     )
 
 
+def _listed(c: Container) -> bytes:
+    return pb.ListContainersResponse(containers=[container_item(c)]).SerializeToString()
+
+
+def _status(c: Container) -> bytes:
+    return pb.ContainerStatusResponse(status=container_status(c)).SerializeToString()
+
+
+def _pod_status_part(c: Container) -> bytes:
+    return pb.PodSandboxStatusResponse(containers_statuses=[container_status(c)]
+                                       ).SerializeToString()
+
+
 class ContainerRPCs:
+    """The hot reads answer with bytes encoded once per container revision (wire.py)."""
+
     containers: ContainerManager
-    _container_items: ItemCache[Container, pb.Container] = ItemCache(container_item)
-    _container_statuses: ItemCache[Container, pb.ContainerStatus] = ItemCache(container_status)
+    _container_items: ItemCache[Container, bytes] = ItemCache(_listed)
+    _container_statuses: ItemCache[Container, bytes] = ItemCache(_status)
+    # A container's entry in its pod's PodSandboxStatusResponse.containers_statuses.
+    _pod_container_statuses: ItemCache[Container, bytes] = ItemCache(_pod_status_part)
 
     @rpc
     async def CreateContainer(
@@ -119,26 +136,22 @@ class ContainerRPCs:
         return pb.RemoveContainerResponse()
 
     @rpc
-    async def ContainerStatus(
-        self, request: pb.ContainerStatusRequest, context: Ctx
-    ) -> pb.ContainerStatusResponse:
+    async def ContainerStatus(self, request: pb.ContainerStatusRequest, context: Ctx) -> bytes:
         c = self.containers.get(request.container_id)
-        info = self.containers.verbose_info(c) if request.verbose else {}
-        return pb.ContainerStatusResponse(status=self._container_statuses.get(c), info=info)
+        status = self._container_statuses.get(c)
+        if not request.verbose:
+            return status
+        info = pb.ContainerStatusResponse(info=self.containers.verbose_info(c))
+        return status + info.SerializeToString()
 
     @rpc
-    async def ListContainers(
-        self, request: pb.ListContainersRequest, context: Ctx
-    ) -> pb.ListContainersResponse:
+    async def ListContainers(self, request: pb.ListContainersRequest, context: Ctx) -> bytes:
         flt = request.filter if request.HasField("filter") else None
-        found = self.containers.list(flt)
-        return pb.ListContainersResponse(
-            containers=self._container_items.all(found)
-        )
+        return b"".join(self._container_items.all(self.containers.list(flt)))
 
     StreamContainers = streamed_list(
         "StreamContainers", ListContainers, pb.ListContainersRequest, "containers",
-        pb.StreamContainersResponse, "containers",
+        pb.StreamContainersResponse, "containers", unary_response=pb.ListContainersResponse,
     )
 
     @rpc
@@ -155,7 +168,7 @@ class ContainerRPCs:
         await self.containers.reopen_log(request.container_id)
         return pb.ReopenContainerLogResponse()
 
-    @rpc(shield=False)
+    @rpc
     async def ExecSync(self, request: pb.ExecSyncRequest, context: Ctx) -> pb.ExecSyncResponse:
         result = await self.containers.exec_sync(
             request.container_id, list(request.cmd), int(request.timeout)

@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import grpc
 
@@ -44,28 +44,18 @@ def status_code(exc: errors.PycriError) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
-@overload
-def rpc(fn: Handler[R], /) -> Handler[R]: ...
-@overload
-def rpc(*, shield: bool) -> Callable[[Handler[R]], Handler[R]]: ...
-def rpc(
-    fn: Handler[R] | None = None, /, *, shield: bool = True
-) -> Handler[R] | Callable[[Handler[R]], Handler[R]]:
+def rpc(fn: Handler[R], /) -> Handler[R]:
     """Wrap a servicer method: validate the request, map domain errors to codes, time it
     (metrics.py) and log a state-changing call's outcome (oplog.py).
 
-    The work runs shielded from the caller: a client that gives up (deadline, ^C)
-    cancels only its wait, never a StopPodSandbox or CreateContainer half-way, which
-    would leave a lease, a mount or a process behind. `@rpc(shield=False)` is for
-    calls with nothing to finish (ExecSync): the client's cancel reaches the work,
-    which undoes what it started.
+    A call that changes state runs shielded from its caller: a client that gives up
+    (deadline, ^C) cancels only its wait, never a StopPodSandbox or CreateContainer
+    half-way, which would leave a lease, a mount or a process behind. A read-only call
+    (oplog.changes_state: List*, *Status, *Stats, ExecSync, ...) has nothing to finish:
+    it runs inline, in the caller's task, so the client's cancel reaches it (ExecSync
+    undoes what it started) and the hot read path costs no extra task and no extra
+    turns of the event loop, behind whatever else is ready to run.
     """
-    if fn is None:
-        return functools.partial(_wrap, shield=shield)
-    return _wrap(fn, shield=shield)
-
-
-def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
     name = fn.__name__
     latency = metrics.RPC_SECONDS.labels(name)  # resolved once, not per call
     audited = oplog.changes_state(name)
@@ -73,16 +63,20 @@ def _wrap(fn: Handler[R], *, shield: bool) -> Handler[R]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
         t0 = time.perf_counter()
-        log.debug("%s %s", name, _short(request))
+        if log.isEnabledFor(logging.DEBUG):  # the request's text is costly to build
+            log.debug("%s %s", name, _short(request))
         subject = oplog.subject(self, request) if audited else None
         code, error, response = "OK", "", None
-        work = asyncio.ensure_future(checked(fn, self, request, context))
+        work = asyncio.ensure_future(checked(fn, self, request, context)) if audited else None
         try:
-            response = await (asyncio.shield(work) if shield else work)
+            if work is None:
+                response = await checked(fn, self, request, context)
+            else:
+                response = await asyncio.shield(work)
             return response
         except asyncio.CancelledError:
             code, error = "CANCELLED", "the client went away"
-            if shield and not work.done():
+            if work is not None and not work.done():
                 log.info("%s: the client went away; finishing the call anyway", name)
                 work.add_done_callback(functools.partial(_finished_alone, name))
             raise
@@ -116,7 +110,8 @@ def stream_rpc(fn: StreamHandler[R]) -> StreamHandler[R]:
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext
                       ) -> AsyncIterator[R]:
-        log.debug("%s %s", name, _short(request))
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s %s", name, _short(request))
         try:
             check_request(request)
             async for msg in fn(self, request, context):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import grpc
+from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc
@@ -26,6 +28,10 @@ def _image(img: Image) -> pb.Image:
     if img.uid is not None:
         out.uid.value = img.uid
     return out
+
+
+def _status(img: Image | None) -> pb.ImageStatusResponse:
+    return pb.ImageStatusResponse() if img is None else pb.ImageStatusResponse(image=_image(img))
 
 
 def _fs(u: FsUsage) -> pb.FilesystemUsage:
@@ -52,35 +58,57 @@ def _ref(spec: pb.ImageSpec) -> str:
     return spec.image
 
 
+# Encoded answers kept per image generation; requests name any refs they like.
+MAX_ENCODED = 1024
+
+
 class ImageServicer(api_pb2_grpc.ImageServiceServicer):
+    """ListImages and ImageStatus answer with bytes encoded once per image generation
+    (ImageManager.generation, bumped by every pull, removal and pinning change)."""
+
     def __init__(self, manager: ImageManager, list_chunks: ListsConfig | None = None) -> None:
         self.m = manager
         self.list_chunks = list_chunks or ListsConfig()
+        self._encoded: dict[tuple[str, str], bytes] = {}  # (rpc, ref) -> answer
+        self._generation = -1  # of the answers in _encoded
+
+    def _answer(self, rpc: str, ref: str, build: Callable[[], Message]) -> bytes:
+        if self._generation != self.m.generation:
+            self._encoded.clear()
+            self._generation = self.m.generation
+        answer = self._encoded.get((rpc, ref))
+        if answer is None:
+            answer = build().SerializeToString()
+            if len(self._encoded) < MAX_ENCODED:
+                self._encoded[rpc, ref] = answer
+        return answer
 
     @rpc
     async def ListImages(
         self, request: pb.ListImagesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ListImagesResponse:
+    ) -> bytes:
         ref = request.filter.image.image if request.HasField("filter") else ""
-        return pb.ListImagesResponse(images=[_image(i) for i in self.m.list(ref or None)])
+        return self._answer("ListImages", ref, lambda: pb.ListImagesResponse(
+            images=[_image(i) for i in self.m.list(ref or None)]))
 
     StreamImages = streamed_list(
         "StreamImages", ListImages, pb.ListImagesRequest, "images", pb.StreamImagesResponse,
-        "images",
+        "images", unary_response=pb.ListImagesResponse,
     )
 
     @rpc
     async def ImageStatus(
         self, request: pb.ImageStatusRequest, context: grpc.aio.ServicerContext
-    ) -> pb.ImageStatusResponse:
-        img = self.m.status(_ref(request.image))
+    ) -> bytes | pb.ImageStatusResponse:
+        ref = _ref(request.image)
+        if not request.verbose:
+            return self._answer("ImageStatus", ref, lambda: _status(self.m.status(ref)))
+        img = self.m.status(ref)
         if img is None:
             return pb.ImageStatusResponse()
-        info = {}
-        if request.verbose:
-            info["info"] = json.dumps({"imageSpec": img.config, "repoTags": img.repo_tags,
-                                       "repoDigests": img.repo_digests})
-        return pb.ImageStatusResponse(image=_image(img), info=info)
+        info = json.dumps({"imageSpec": img.config, "repoTags": img.repo_tags,
+                           "repoDigests": img.repo_digests})
+        return pb.ImageStatusResponse(image=_image(img), info={"info": info})
 
     @rpc
     async def PullImage(

@@ -52,12 +52,22 @@ def sandbox_item(sb: Sandbox) -> pb.PodSandbox:
     )
 
 
+def _listed(sb: Sandbox) -> bytes:
+    return pb.ListPodSandboxResponse(items=[sandbox_item(sb)]).SerializeToString()
+
+
+def _status(sb: Sandbox) -> bytes:
+    return pb.PodSandboxStatusResponse(status=sandbox_status(sb)).SerializeToString()
+
+
 class SandboxRPCs:
+    """The hot reads answer with bytes encoded once per pod revision (wire.py)."""
+
     sandboxes: SandboxManager
     containers: ContainerManager
-    _container_statuses: ItemCache[Container, pb.ContainerStatus]  # ContainerRPCs's
-    _sandbox_items: ItemCache[Sandbox, pb.PodSandbox] = ItemCache(sandbox_item)
-    _sandbox_statuses: ItemCache[Sandbox, pb.PodSandboxStatus] = ItemCache(sandbox_status)
+    _pod_container_statuses: ItemCache[Container, bytes]  # ContainerRPCs's
+    _sandbox_items: ItemCache[Sandbox, bytes] = ItemCache(_listed)
+    _sandbox_statuses: ItemCache[Sandbox, bytes] = ItemCache(_status)
 
     @rpc
     async def RunPodSandbox(
@@ -81,29 +91,22 @@ class SandboxRPCs:
         return pb.RemovePodSandboxResponse()
 
     @rpc
-    async def PodSandboxStatus(
-        self, request: pb.PodSandboxStatusRequest, context: Ctx
-    ) -> pb.PodSandboxStatusResponse:
+    async def PodSandboxStatus(self, request: pb.PodSandboxStatusRequest, context: Ctx) -> bytes:
         sb = self.sandboxes.get(request.pod_sandbox_id)
         info = self.sandboxes.verbose_info(sb) if request.verbose else {}
         # The pod's container statuses as of `timestamp`: what the kubelet's evented PLEG
         # reads instead of a ContainerStatus per container.
-        return pb.PodSandboxStatusResponse(
-            status=self._sandbox_statuses.get(sb), info=info,
-            containers_statuses=self._container_statuses.all(
-                self.containers.known_of_sandbox(sb.id)),
-            timestamp=time.time_ns(),
-        )
+        tail = pb.PodSandboxStatusResponse(info=info, timestamp=time.time_ns())
+        return b"".join([
+            self._sandbox_statuses.get(sb),
+            *self._pod_container_statuses.all(self.containers.known_of_sandbox(sb.id)),
+            tail.SerializeToString(),
+        ])
 
     @rpc
-    async def ListPodSandbox(
-        self, request: pb.ListPodSandboxRequest, context: Ctx
-    ) -> pb.ListPodSandboxResponse:
+    async def ListPodSandbox(self, request: pb.ListPodSandboxRequest, context: Ctx) -> bytes:
         flt = request.filter if request.HasField("filter") else None
-        found = self.sandboxes.list(flt)
-        return pb.ListPodSandboxResponse(
-            items=self._sandbox_items.all(found)
-        )
+        return b"".join(self._sandbox_items.all(self.sandboxes.list(flt)))
 
     @rpc
     async def UpdatePodSandboxResources(
@@ -118,5 +121,5 @@ class SandboxRPCs:
 
     StreamPodSandboxes = streamed_list(
         "StreamPodSandboxes", ListPodSandbox, pb.ListPodSandboxRequest, "items",
-        pb.StreamPodSandboxesResponse, "pod_sandboxes",
+        pb.StreamPodSandboxesResponse, "pod_sandboxes", unary_response=pb.ListPodSandboxResponse,
     )

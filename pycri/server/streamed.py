@@ -55,15 +55,19 @@ def streamed_list(
     items: str,
     response: type[Message],
     field: str,
+    unary_response: type[Message] | None = None,
 ) -> Callable[..., AsyncIterator[Message]]:
     """The servicer method `name` streaming what `unary` (an `@rpc` list handler)
     answers in its repeated field `items`, as `response` messages' `field`.
+    `unary_response`: the message a unary answering with bytes (wire.py) encoded.
     The servicer supplies `list_chunks` (config.ListsConfig)."""
     handler = inspect.unwrap(unary)  # the list's own logic, without its unary gate
 
     async def stream(self: Any, request: Message, context: grpc.aio.ServicerContext
                      ) -> AsyncIterator[Message]:
         answer = await handler(self, _as_unary(request, unary_request), context)
+        if unary_response is not None:
+            answer = unary_response.FromString(answer)
         for chunk in chunked(getattr(answer, items), self.list_chunks):
             yield response(**{field: chunk})
 

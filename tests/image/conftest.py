@@ -15,6 +15,7 @@ from pycri.api import api_pb2_grpc
 from pycri.config import ImagesConfig
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import is_mounted
+from pycri.server import wire
 from pycri.server.image_service import ImageServicer
 from pycri.store.db import Store
 from tests.lib import images
@@ -96,7 +97,7 @@ async def make_manager(tmp_path: Path) -> AsyncIterator[Maker]:
 async def serve(m: ImageManager, sock: Path) -> AsyncIterator[api_pb2_grpc.ImageServiceStub]:
     """The ImageService for `m` over real gRPC on a unix socket."""
     server = grpc.aio.server()
-    api_pb2_grpc.add_ImageServiceServicer_to_server(ImageServicer(m), server)
+    wire.register(api_pb2_grpc.add_ImageServiceServicer_to_server, ImageServicer(m), server)
     server.add_insecure_port(f"unix://{sock}")
     await server.start()
     channel = grpc.aio.insecure_channel(f"unix://{sock}")
