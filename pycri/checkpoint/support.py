@@ -18,8 +18,6 @@ from pycri.errors import FailedPrecondition
 from pycri.procs import communicate
 
 MAX_REASON = 600  # characters of CRIU's own words kept in an error message
-NOT_BUILT = ("pycri does not write or restore checkpoint archives yet (CRIU could not run "
-             "where this was built)")
 
 
 def is_checkpoint_archive(image: str) -> bool:

@@ -6,6 +6,8 @@ import grpc
 from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
+from pycri.checkpoint.manager import CheckpointManager
+from pycri.checkpoint.support import is_checkpoint_archive
 from pycri.container.manager import ContainerManager, cri_signal, parse_signal
 from pycri.container.model import Container
 from pycri.server.errors import rpc
@@ -85,6 +87,7 @@ def container_item(c: Container) -> pb.Container:
 
 class ContainerRPCs:
     containers: ContainerManager
+    checkpoints: CheckpointManager
     _container_items: ItemCache[Container, pb.Container] = ItemCache(container_item)
     _container_statuses: ItemCache[Container, pb.ContainerStatus] = ItemCache(container_status)
 
@@ -92,9 +95,10 @@ class ContainerRPCs:
     async def CreateContainer(
         self, request: pb.CreateContainerRequest, context: Ctx
     ) -> pb.CreateContainerResponse:
-        cid = await self.containers.create(
-            request.pod_sandbox_id, request.config, request.sandbox_config
-        )
+        # An image that is a path names a checkpoint archive to restore from.
+        create = (self.checkpoints.create_container
+                  if is_checkpoint_archive(request.config.image.image) else self.containers.create)
+        cid = await create(request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=cid)
 
     @rpc
