@@ -193,6 +193,8 @@ def extract(archive: Path, dest: Path, limit: int, what: str) -> None:
             for n, m in enumerate(tar):
                 if n >= MAX_ENTRIES:
                     raise InvalidArgument(f"{what}: more than {MAX_ENTRIES} archive entries")
+                if m.isdir() and not Path(m.name.lstrip("/")).parts:  # "./" of `tar -C dir .`
+                    continue
                 path = _member_path(dest, m.name, what)
                 if m.isdir():
                     path.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -1,8 +1,8 @@
 """Checkpoint and restore of containers and pods with CRIU, through the OCI runtime.
 
-CheckpointContainer dumps the running container with `runtime checkpoint
+CheckpointContainer pauses the container, dumps it with `runtime checkpoint
 --leave-running` (a checkpoint is a copy, as in CRI-O and containerd: the container
-runs on), adds who it was and its rootfs changes, and writes the archive in one piece
+runs on), copies its rootfs changes, resumes it, and writes the archive in one piece
 (checkpoint/archive.py). CreateContainer whose image is an archive makes a container
 from it in the given pod; StartContainer then restores the processes (`runtime restore`
 under conmon) instead of starting them. CheckpointPod and RestorePod do the same for
@@ -105,9 +105,9 @@ class CheckpointManager:
 
     async def checkpoint_container(self, cid: str, location: str, timeout: int) -> None:
         c = self.containers.get(cid)
-        await self._require(self.sandboxes.get(c.sandbox_id))
         target = await asyncio.to_thread(archive.new_archive, self.cfg.archive_dirs, location,
                                          "location")
+        await self._require(self.sandboxes.get(c.sandbox_id))
         async with self._work() as work:
             await self._dump(c.id, work, timeout)
             await self._write(target, work)
@@ -123,11 +123,11 @@ class CheckpointManager:
         if not container_ids:
             chosen = [c for c in self.containers.of_sandbox(sb.id)
                       if c.state == pb.CONTAINER_RUNNING]
+        target = await asyncio.to_thread(archive.new_archive, self.cfg.archive_dirs,
+                                         output_path, "output_path")
         await self._require(sb)
         if not chosen:
             raise FailedPrecondition(f"pod {sb.id} has no running container to checkpoint")
-        target = await asyncio.to_thread(archive.new_archive, self.cfg.archive_dirs,
-                                         output_path, "output_path")
         async with self._work() as work:
             for c in chosen:  # one after another: each is frozen only for its own dump
                 await asyncio.to_thread((work / c.id).mkdir)
@@ -149,10 +149,17 @@ class CheckpointManager:
             images = out / archive.CHECKPOINT_DIR
             await asyncio.to_thread(images.mkdir)
             runtime = self.containers.launcher.runtime(c.handler)
-            await runtime.checkpoint(c.id, images, out, self.cfg.criu,
-                                     float(timeout) if timeout > 0 else self.cfg.timeout)
-            spec = await asyncio.to_thread(self.containers.launcher.spec, c.id)
-            await asyncio.to_thread(self._write_layout, c, runtime.name, spec or {}, out)
+            # Frozen from the dump until its files are copied: CRIU records the sizes of
+            # the files the processes have open, and a file written meanwhile would no
+            # longer match at the restore.
+            await runtime.pause(c.id)
+            try:
+                await runtime.checkpoint(c.id, images, out, self.cfg.criu,
+                                         float(timeout) if timeout > 0 else self.cfg.timeout)
+                spec = await asyncio.to_thread(self.containers.launcher.spec, c.id)
+                await asyncio.to_thread(self._write_layout, c, runtime.name, spec or {}, out)
+            finally:
+                await asyncio.shield(runtime.pause(c.id, resume=True))
 
     def _write_layout(self, c: Container, runtime: str, spec: dict[str, Any], out: Path) -> None:
         limit = self.cfg.max_archive_bytes
@@ -197,9 +204,9 @@ class CheckpointManager:
     ) -> str:
         """CreateContainer whose image is a checkpoint archive (CRI-O's convention)."""
         sb = self.containers.ready_sandbox(sandbox_id)
-        await self._require(sb)
         path = await asyncio.to_thread(archive.existing_archive, self.cfg.archive_dirs,
                                        config.image.image, "image")
+        await self._require(sb)
         async with self._work() as work:
             await asyncio.to_thread(archive.extract, path, work, self.cfg.max_archive_bytes,
                                     "image")
@@ -227,9 +234,9 @@ class CheckpointManager:
     ) -> tuple[str, builtins.list[tuple[str, str]]]:
         """A new pod from a pod archive with each container restored and running; the
         pod is removed again if any container fails. (pod ID, [(name, container ID)])."""
-        await self.support.require(self.sandboxes.launcher.handler_name(runtime_handler))
         path = await asyncio.to_thread(archive.existing_archive, self.cfg.archive_dirs,
                                        checkpoint_path, "checkpoint_path")
+        await self.support.require(self.sandboxes.launcher.handler_name(runtime_handler))
         async with self._work() as work:
             await asyncio.to_thread(archive.extract, path, work, self.cfg.max_archive_bytes,
                                     "checkpoint_path")

@@ -216,6 +216,16 @@ class OCIRuntime:
                 raise FailedPrecondition(f"{self.name} update {cid}: the container is not running")
             raise runtime_failure(self.name, "update", cid, err)
 
+    async def pause(self, cid: str, resume: bool = False) -> None:
+        """Freeze every process of the container (its cgroup's freezer), or thaw them."""
+        check_id(cid)
+        action = "resume" if resume else "pause"
+        rc, _, err = await self.run([action, cid])
+        if rc != 0:
+            if self._absent(cid):
+                raise NotFound(f"{self.name} {action} {cid}: the runtime does not know it")
+            raise runtime_failure(self.name, action, cid, err)
+
     def criu_options(self, criu: str) -> list[str]:
         """Global options naming the criu binary: runc takes `--criu`; crun links libcriu
         and has no such option."""
@@ -224,9 +234,9 @@ class OCIRuntime:
     async def checkpoint(
         self, cid: str, image_path: Path, work_path: Path, criu: str, timeout: float
     ) -> None:
-        """Dump the running container's processes with CRIU into `image_path`, leaving
-        them running (a checkpoint is a copy, as in CRI-O); CRIU's log goes to
-        `work_path`/dump.log, whose errors the failure names."""
+        """Dump the container's processes with CRIU into `image_path`, leaving them as
+        they were (running, or paused: CRIU then keeps the cgroup frozen); CRIU's log goes
+        to `work_path`/dump.log, whose errors the failure names."""
         check_id(cid)
         args = ["checkpoint", "--image-path", str(image_path), "--work-path", str(work_path),
                 "--leave-running", cid]
