@@ -894,6 +894,8 @@ class ContainerManager:
                     c.revision == revision):
                 self._mark_lost(c)
             return False
+        if c.restore_images and not probe.conmon_pid:
+            return False  # created from a checkpoint, not restored yet: nothing runs
         if probe.conmon_pid:
             self.launcher.watch_monitor(c.id, probe.conmon_pid, probe.conmon_alive, c.init)
         if c.state not in RUNNING_STATES or probe.fact is Fact.GONE:

@@ -123,6 +123,9 @@ def test_a_checkpointed_counter_keeps_counting_in_a_new_pod(node: Node) -> None:
     assert status.state == pb.CONTAINER_CREATED
     assert status.metadata.name == "counter-restored"  # the request's name
     assert status.image.image == node.image
+    node.restart()  # a container waiting for its restore stays CREATED across a restart
+    rt = node.cri.runtime
+    assert node.status(new_cid).state == pb.CONTAINER_CREATED
     rt.StartContainer(pb.StartContainerRequest(container_id=new_cid))
     assert_counts_on(node, new_cid, checkpointed)
 
