@@ -218,6 +218,26 @@ def extract(archive: Path, dest: Path, limit: int, what: str) -> None:
         raise InvalidArgument(f"{what}: archive entry {e.filename} appears twice") from None
 
 
+def copy_layout(src: Path, dest: Path, limit: int, what: str) -> None:
+    """Copy a checkpoint layout held in an image (a mounted view) into `dest`, under the
+    same rules as `extract`: directories and regular files only, at most `limit` bytes."""
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(src):
+        rel = Path(dirpath).relative_to(src)
+        for name in [*dirnames, *filenames]:
+            st = os.lstat(Path(dirpath) / name)
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise InvalidArgument(f"{what}: {rel / name} in the image is not a regular "
+                                      "file or directory")
+            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+            if total > limit:
+                raise ResourceExhausted(f"{what}: the image's checkpoint is larger than "
+                                        "checkpoint.max_archive_bytes")
+        (dest / rel).mkdir(mode=0o700, exist_ok=True)
+        for name in filenames:
+            shutil.copyfile(Path(dirpath) / name, dest / rel / name, follow_symlinks=False)
+
+
 def _rootfs_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
     """tarfile's "tar" filter (no absolute names, nothing resolving outside the rootfs,
     links included), keeping the files' own modes: they are the container's."""

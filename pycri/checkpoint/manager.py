@@ -30,15 +30,19 @@ from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint import archive
-from pycri.checkpoint.support import CheckpointSupport
+from pycri.checkpoint.support import CheckpointSupport, is_checkpoint_archive
 from pycri.container.manager import ContainerManager
 from pycri.container.model import Container
-from pycri.errors import FailedPrecondition, InvalidArgument, ResourceExhausted
+from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from pycri.sandbox.manager import SandboxManager
 from pycri.sandbox.model import Sandbox
 from pycri.server.validate import check_request
 
 FORMAT_VERSION = 1  # of pycri.container.json and pod.options
+# Mark an OCI image whose layer is a container's checkpoint layout (`checkpointctl build`
+# writes the first, CRI-O's buildah recipe the second).
+CHECKPOINT_ANNOTATIONS = ("org.criu.checkpoint.container.name",
+                          "io.kubernetes.cri-o.annotations.checkpoint.name")
 
 
 def _rfc3339(ns: int) -> str:
@@ -199,18 +203,46 @@ class CheckpointManager:
 
     # -- restore ----------------------------------------------------------------------
 
+    def restores(self, image: str) -> bool:
+        """Whether CreateContainer of `image` is a restore: a checkpoint archive named by
+        its path (CRI-O's convention), or a pulled image holding a checkpoint (marked
+        by one of CHECKPOINT_ANNOTATIONS)."""
+        if is_checkpoint_archive(image):
+            return True
+        found = self.containers.images.status(image)
+        return found is not None and any(a in found.annotations for a in CHECKPOINT_ANNOTATIONS)
+
     async def create_container(
         self, sandbox_id: str, config: pb.ContainerConfig, sandbox_config: pb.PodSandboxConfig
     ) -> str:
-        """CreateContainer whose image is a checkpoint archive (CRI-O's convention)."""
+        """CreateContainer whose image `restores`: the container is made from the
+        checkpoint, and restored by its StartContainer."""
         sb = self.containers.ready_sandbox(sandbox_id)
-        path = await asyncio.to_thread(archive.existing_archive, self.cfg.archive_dirs,
-                                       config.image.image, "image")
+        ref, limit = config.image.image, self.cfg.max_archive_bytes
+        path = None
+        if is_checkpoint_archive(ref):
+            path = await asyncio.to_thread(archive.existing_archive, self.cfg.archive_dirs,
+                                           ref, "image")
         await self._require(sb)
         async with self._work() as work:
-            await asyncio.to_thread(archive.extract, path, work, self.cfg.max_archive_bytes,
-                                    "image")
+            if path is not None:
+                await asyncio.to_thread(archive.extract, path, work, limit, "image")
+            else:
+                await self._copy_from_image(ref, work)
             return await self._create_from(work, sb.id, config, sandbox_config)
+
+    async def _copy_from_image(self, ref: str, work: Path) -> None:
+        images = self.containers.images
+        found = images.status(ref)
+        if found is None:
+            raise NotFound(f"image {ref!r} not found; pull it first")
+        key = f"checkpoint-{work.name}"
+        view = await images.prepare_view(key, found.id)
+        try:
+            await asyncio.to_thread(archive.copy_layout, view, work,
+                                    self.cfg.max_archive_bytes, "image")
+        finally:
+            await images.remove_view(key)
 
     async def _create_from(
         self, src: Path, sandbox_id: str, request: pb.ContainerConfig,

@@ -7,7 +7,6 @@ from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint.manager import CheckpointManager
-from pycri.checkpoint.support import is_checkpoint_archive
 from pycri.container.manager import ContainerManager, cri_signal, parse_signal
 from pycri.container.model import Container
 from pycri.server.errors import rpc
@@ -95,9 +94,9 @@ class ContainerRPCs:
     async def CreateContainer(
         self, request: pb.CreateContainerRequest, context: Ctx
     ) -> pb.CreateContainerResponse:
-        # An image that is a path names a checkpoint archive to restore from.
         create = (self.checkpoints.create_container
-                  if is_checkpoint_archive(request.config.image.image) else self.containers.create)
+                  if self.checkpoints.restores(request.config.image.image)
+                  else self.containers.create)
         cid = await create(request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=cid)
 

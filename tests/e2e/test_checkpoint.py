@@ -22,6 +22,8 @@ from pycri.api import api_pb2 as pb
 from pycri.checkpoint.support import probe_criu
 from pycri.config import CheckpointConfig
 from tests.e2e.conftest import CRIU, Node
+from tests.lib import images
+from tests.lib.registry import Registry
 
 pytestmark = pytest.mark.e2e
 
@@ -133,6 +135,37 @@ def test_a_checkpointed_counter_keeps_counting_in_a_new_pod(node: Node) -> None:
     rt.StopContainer(pb.StopContainerRequest(container_id=new_cid, timeout=0))
     status = node.status(new_cid)
     assert status.state == pb.CONTAINER_EXITED and status.exit_code == 137
+
+
+@needs_criu
+def test_an_image_holding_a_checkpoint_restores_like_the_archive(
+    node: Node, registry: Registry
+) -> None:
+    """The archive's files as an OCI image's layer, marked as `checkpointctl build` marks
+    it: pulled like any image, created from like the archive."""
+    rt = node.cri.runtime
+    sid, cid = counting(node, "img-src")
+    archive = archives(node) / "counter.tar"
+    rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid,
+                                                         location=str(archive)))
+    with tarfile.open(archive) as tar:
+        _, checkpointed = container_layout(tar)
+        layer = [images.directory(m.name) if m.isdir() else
+                 images.file(m.name, tar.extractfile(m).read())  # type: ignore[union-attr]
+                 for m in tar.getmembers()]
+    ref = images.push_image(registry.addr, node.tmp / "layout", "counter-checkpoint", "v1", [
+        images.ImageSpec(layers=[layer], annotations={
+            "org.criu.checkpoint.container.name": "counter"})])
+    node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+
+    new_sid, new_pod = node.run_pod("img-dst")
+    restored = node.container_config("counter", [])
+    restored.image.image = ref
+    new_cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=new_sid, config=restored, sandbox_config=new_pod)).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=new_cid))
+    assert_counts_on(node, new_cid, checkpointed)
 
 
 @needs_criu
