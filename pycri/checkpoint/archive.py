@@ -3,7 +3,8 @@
 A container's archive is an uncompressed tar in the layout CRI-O and containerd write and
 `checkpointctl` reads: `checkpoint/` (CRIU's image files), `config.dump` (who the
 container was), `spec.dump` (its OCI spec), `rootfs-diff.tar` (the files it changed in
-its image) and `deleted.files` (those it deleted), with CRIU's `dump.log`. pycri adds
+its image) and `deleted.files` (those it deleted), with CRIU's `dump.log` and
+containerd's `status`. pycri adds
 `pycri.container.json`, the CRI ContainerConfig it restores from. A pod's archive holds
 `pod.dump`, `pod.options` (its containers) and one container layout per directory.
 
@@ -34,6 +35,7 @@ CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
 ROOTFS_DIFF = "rootfs-diff.tar"
 DELETED_FILES = "deleted.files"
+STATUS = "status"  # containerd's: older checkpointctl reads the creation time there
 CONTAINER_DUMP = "pycri.container.json"
 POD_DUMP = "pod.dump"
 POD_OPTIONS = "pod.options"

@@ -184,6 +184,9 @@ class CheckpointManager:
             "checkpointedTime": _rfc3339(time.time_ns()),
         })
         archive.write_json(out / archive.SPEC_DUMP, spec)
+        archive.write_json(out / archive.STATUS, {
+            "CreatedAt": c.created_at, "StartedAt": c.started_at, "FinishedAt": 0,
+            "ExitCode": 0, "Pid": c.pid, "Reason": "", "Message": ""})
         archive.write_json(out / archive.CONTAINER_DUMP, {
             "version": FORMAT_VERSION,
             "config": json_format.MessageToDict(c.config),

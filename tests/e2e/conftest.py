@@ -216,6 +216,7 @@ def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
         f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
         f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
         f'[checkpoint]\ncriu = "{CRIU}"\narchive_dirs = ["{tmp_path / "archives"}"]\n'
+        'check_timeout = 120\n'
     )
     (tmp_path / "archives").mkdir()
     proc = PycriProcess(root=tmp_path / "root", state=tmp_path / "state",

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
+import subprocess
 import tarfile
 import time
 from collections.abc import Callable
@@ -28,6 +31,9 @@ from tests.lib.registry import Registry
 pytestmark = pytest.mark.e2e
 
 COUNTER = ["sh", "-c", "i=0; while true; do echo $i > /tmp/c; i=$((i+1)); sleep 0.1; done"]
+# checkpointctl, where there is one (PYCRI_TEST_CHECKPOINTCTL, else on PATH), must read
+# the archive.
+CHECKPOINTCTL = os.environ.get("PYCRI_TEST_CHECKPOINTCTL") or shutil.which("checkpointctl")
 CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig(criu=CRIU))).problem
 needs_criu = pytest.mark.skipif(bool(CRIU_PROBLEM), reason=f"CRIU cannot work here: "
                                 f"{CRIU_PROBLEM} (set PYCRI_TEST_CRIU to a criu that can)")
@@ -79,7 +85,7 @@ def container_layout(tar: tarfile.TarFile, prefix: str = "") -> tuple[dict[str, 
     """Check one container's checkpoint layout in `tar`; (config.dump, the counter's
     value in the rootfs changes)."""
     names = set(tar.getnames())
-    for name in ("config.dump", "spec.dump", "rootfs-diff.tar", "dump.log",
+    for name in ("config.dump", "spec.dump", "rootfs-diff.tar", "dump.log", "status",
                  "pycri.container.json", "checkpoint/inventory.img", "checkpoint/pstree.img"):
         assert prefix + name in names, sorted(names)
     assert any(n.startswith(prefix + "checkpoint/pages-") for n in names)
@@ -114,6 +120,10 @@ def test_a_checkpointed_counter_keeps_counting_in_a_new_pod(node: Node) -> None:
     assert config["rootfsImageRef"].startswith("sha256:")
     assert checkpointed >= 10
     assert [p.name for p in archives(node).iterdir()] == ["counter.tar"]  # nothing partial
+    if CHECKPOINTCTL:  # checkpointctl reads it as it reads CRI-O's and containerd's
+        shown = subprocess.run([CHECKPOINTCTL, "show", str(archive)], capture_output=True,
+                               text=True, timeout=60, check=True).stdout
+        assert "counter" in shown and cid[:12] in shown and node.image in shown, shown
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
 
     new_sid, new_pod = node.run_pod("ckpt-dst")
