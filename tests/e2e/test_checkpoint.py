@@ -34,7 +34,7 @@ COUNTER = ["sh", "-c", "i=0; while true; do echo $i > /tmp/c; i=$((i+1)); sleep 
 # checkpointctl, where there is one (PYCRI_TEST_CHECKPOINTCTL, else on PATH), must read
 # the archive.
 CHECKPOINTCTL = os.environ.get("PYCRI_TEST_CHECKPOINTCTL") or shutil.which("checkpointctl")
-CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig(criu=CRIU))).problem
+CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig(criu=CRIU, check_timeout=120))).problem
 needs_criu = pytest.mark.skipif(bool(CRIU_PROBLEM), reason=f"CRIU cannot work here: "
                                 f"{CRIU_PROBLEM} (set PYCRI_TEST_CRIU to a criu that can)")
 
