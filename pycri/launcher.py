@@ -170,13 +170,14 @@ class Launcher:
     ) -> conmon.Created:
         """Have conmon restore the process of the bundle written before (`write_bundle`)
         from CRIU's `images`: it runs when this returns, watched like a created one.
-        `stdio`: tty, stdin, stdin_once as for `create`. A failure leaves the bundle for
-        the container's removal, and names CRIU's reason."""
+        `stdio`: tty, stdin, stdin_once as for `create`. It may take `checkpoint.timeout`
+        s. A failure leaves the bundle for the container's removal, and names CRIU's
+        reason."""
         runtime = self.runtime(handler)
         try:
             return await self._run_monitor(oid, handler, log_path, "restore", restore=images,
                                            runtime_options=tuple(runtime.criu_options(criu)),
-                                           **stdio)
+                                           timeout=self.cfg.checkpoint.timeout, **stdio)
         except OCIRuntimeError as e:
             why = criu_errors(self.bundle_dir(oid) / "restore.log")
             raise OCIRuntimeError(runtime.name, "restore", oid, f"{e.detail}{why}") from None
