@@ -128,6 +128,15 @@ class CheckpointConfig:
     criu: str = "/usr/sbin/criu"
     # Seconds `criu check` (and each runtime's checkpoint probe) may take.
     check_timeout: float = 30.0
+    # The only directories checkpoint archives are written to and read from (the
+    # daemon runs as root: a request must not name any file on the host). kubelet
+    # writes to /var/lib/kubelet/checkpoints.
+    archive_dirs: list[str] = field(
+        default_factory=lambda: ["/var/lib/kubelet/checkpoints", "/var/lib/pycri/checkpoints"])
+    # Seconds a dump or restore may take when the request gives no timeout.
+    timeout: float = 300.0
+    # Bytes one archive may hold (CRIU's images plus the rootfs changes), written or read.
+    max_archive_bytes: int = 8 << 30
 
 
 @dataclass
@@ -295,8 +304,13 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
         raise ConfigError("lists.stream_chunk_items: must be within 1..10000")
     if not 1024 <= cfg.lists.stream_chunk_bytes <= 8 << 20:
         raise ConfigError("lists.stream_chunk_bytes: must be within 1 KiB..8 MiB")
-    if cfg.checkpoint.check_timeout <= 0:
-        raise ConfigError("checkpoint.check_timeout: must be positive")
+    for key in ("check_timeout", "timeout", "max_archive_bytes"):
+        if getattr(cfg.checkpoint, key) <= 0:
+            raise ConfigError(f"checkpoint.{key}: must be positive")
+    for d in cfg.checkpoint.archive_dirs:
+        if not os.path.isabs(d) or os.path.normpath(d) != d:
+            raise ConfigError(f"checkpoint.archive_dirs: {d!r} is not an absolute, "
+                              "normalised path")
     for key in ("registration_timeout", "request_timeout"):
         if getattr(cfg.nri, key) <= 0:
             raise ConfigError(f"nri.{key}: must be positive")

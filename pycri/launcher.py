@@ -25,7 +25,7 @@ from pycri.monitor import conmon
 from pycri.monitor.exits import ExitWatcher, parse_exit_code
 from pycri.monitor.probe import Fact, Identity, Probe, is_alive, is_same
 from pycri.monitor.reaper import Reaper
-from pycri.oci.runtime import OCIRuntime
+from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, criu_errors
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,17 @@ class Launcher:
 
     # -- lifecycle -------------------------------------------------------------------
 
+    def write_bundle(self, oid: str, spec: dict[str, Any]) -> Path:
+        """The bundle directory with the spec, for a process created now or restored later."""
+        bundle = self.bundle_dir(oid)
+        bundle.mkdir(parents=True, exist_ok=False, mode=0o700)
+        try:
+            (bundle / "config.json").write_text(json.dumps(spec))
+        except BaseException:
+            shutil.rmtree(bundle, ignore_errors=True)
+            raise
+        return bundle
+
     async def create(
         self,
         oid: str,
@@ -140,30 +151,55 @@ class Launcher:
         stdin_once: bool = False,
     ) -> conmon.Created:
         """Write the bundle and have conmon create the process; undone on failure."""
-        bundle = self.bundle_dir(oid)
-        bundle.mkdir(parents=True, exist_ok=False, mode=0o700)
+        bundle = self.write_bundle(oid, spec)
         try:
-            (bundle / "config.json").write_text(json.dumps(spec))
-            self._exited.pop(oid, None)
-            runtime = self.runtime(handler)
-            with metrics.timed(metrics.RUNTIME_SECONDS.labels(runtime.name, "create"),
-                               metrics.RUNTIME_ERRORS.labels(runtime.name, "create")):  # fmt: skip
-                created = await conmon.create(
-                    oid,
-                    bundle,
-                    runtime=runtime,
-                    log_path=log_path,
-                    exit_dir=self.exit_dir,
-                    persist_dir=self.persist_dir(oid),
-                    tty=tty,
-                    stdin=stdin,
-                    stdin_once=stdin_once,
-                    conmon=self.cfg.conmon,
-                    reaper=self.reaper,
-                )
+            return await self._run_monitor(oid, handler, log_path, "create", tty=tty,
+                                           stdin=stdin, stdin_once=stdin_once)
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
+
+    async def restore(
+        self,
+        oid: str,
+        handler: str,
+        log_path: Path,
+        images: Path,
+        criu: str,
+        **stdio: bool,
+    ) -> conmon.Created:
+        """Have conmon restore the process of the bundle written before (`write_bundle`)
+        from CRIU's `images`: it runs when this returns, watched like a created one.
+        `stdio`: tty, stdin, stdin_once as for `create`. It may take `checkpoint.timeout`
+        s. A failure leaves the bundle for the container's removal, and names CRIU's
+        reason."""
+        runtime = self.runtime(handler)
+        try:
+            return await self._run_monitor(oid, handler, log_path, "restore", restore=images,
+                                           runtime_options=tuple(runtime.criu_options(criu)),
+                                           timeout=self.cfg.checkpoint.timeout, **stdio)
+        except OCIRuntimeError as e:
+            why = criu_errors(self.bundle_dir(oid) / "restore.log")
+            raise OCIRuntimeError(runtime.name, "restore", oid, f"{e.detail}{why}") from None
+
+    async def _run_monitor(
+        self, oid: str, handler: str, log_path: Path, action: str, **options: Any
+    ) -> conmon.Created:
+        self._exited.pop(oid, None)
+        runtime = self.runtime(handler)
+        with metrics.timed(metrics.RUNTIME_SECONDS.labels(runtime.name, action),
+                           metrics.RUNTIME_ERRORS.labels(runtime.name, action)):  # fmt: skip
+            created = await conmon.create(
+                oid,
+                self.bundle_dir(oid),
+                runtime=runtime,
+                log_path=log_path,
+                exit_dir=self.exit_dir,
+                persist_dir=self.persist_dir(oid),
+                conmon=self.cfg.conmon,
+                reaper=self.reaper,
+                **options,
+            )
         init = Identity(created.pid, created.start_time) if created.start_time else None
         self.watch_monitor(oid, created.conmon_pid, conmon.is_monitor_of(created.conmon_pid, oid),
                            init)

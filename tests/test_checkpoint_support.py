@@ -60,12 +60,18 @@ async def test_a_failing_criu_check_gives_criu_s_reason(tmp_path: Path) -> None:
                              "no time namespace here")
 
 
-async def test_a_hanging_criu_check_is_cut_off(tmp_path: Path) -> None:
-    criu = script(tmp_path, "criu", "#!/bin/sh\nexec sleep 30\n")
+async def test_a_hanging_criu_check_is_cut_off_and_asked_again(tmp_path: Path) -> None:
+    calls = tmp_path / "calls"
+    criu = script(tmp_path, "criu", f'#!/bin/sh\necho "$1" >> {calls}\nexec sleep 30\n')
     started = time.monotonic()
     probe = await probe_criu(CheckpointConfig(criu=criu, check_timeout=0.5))
     assert time.monotonic() - started < 5
     assert probe.problem == f"`{criu} check` did not answer within 0.5s"
+    s = support(criu, timeout=0.5)
+    for _ in range(2):  # a busy host's silence is not remembered as its answer
+        with pytest.raises(FailedPrecondition, match=r"did not answer within 0\.5s"):
+            await s.require("runc")
+    assert calls.read_text().split().count("--version") == 3
 
 
 async def test_the_real_criu_on_this_host_answers() -> None:

@@ -18,8 +18,6 @@ from pycri.errors import FailedPrecondition
 from pycri.procs import communicate
 
 MAX_REASON = 600  # characters of CRIU's own words kept in an error message
-NOT_BUILT = ("pycri does not write or restore checkpoint archives yet (CRIU could not run "
-             "where this was built)")
 
 
 def is_checkpoint_archive(image: str) -> bool:
@@ -34,6 +32,9 @@ class Probe:
 
     problem: str | None
     detail: str = ""  # what was found (a version line), for `pycri check`
+    # False for an answer that may change by itself (no answer in time on a busy host):
+    # it is reported, not remembered, and the next call asks again.
+    lasting: bool = True
 
 
 async def _run(argv: list[str], timeout: float) -> tuple[int, str]:
@@ -68,7 +69,8 @@ async def probe_criu(cfg: CheckpointConfig) -> Probe:
         _, version = await _run([path, "--version"], cfg.check_timeout)
         code, output = await _run([path, "check"], cfg.check_timeout)
     except TimeoutError:
-        return Probe(f"`{path} check` did not answer within {cfg.check_timeout:g}s")
+        return Probe(f"`{path} check` did not answer within {cfg.check_timeout:g}s",
+                     lasting=False)
     except OSError as e:
         return Probe(f"{path} cannot be run: {e}")
     found = f"criu {' '.join(version.replace('Version:', '').split())}"
@@ -88,7 +90,8 @@ async def probe_runtime(name: str, path: str, timeout: float) -> Probe:
                          "(no +CRIU in `crun --version`)", first)
         code, output = await _run([path, "checkpoint", "--help"], timeout)
     except TimeoutError:
-        return Probe(f"runtime handler {name!r} ({path}) did not answer within {timeout:g}s")
+        return Probe(f"runtime handler {name!r} ({path}) did not answer within {timeout:g}s",
+                     lasting=False)
     except OSError as e:
         return Probe(f"runtime handler {name!r} ({path}) cannot be run: {e}")
     if code != 0:
@@ -125,10 +128,13 @@ class CheckpointSupport:
         probes = []
         for key in keys:
             try:
-                probes.append(await asyncio.shield(self._probe(key)))
+                probe = await asyncio.shield(self._probe(key))
             except Exception:
                 self._probes.pop(key, None)  # an unexpected failure is not an answer to keep
                 raise
+            if not probe.lasting:
+                self._probes.pop(key, None)
+            probes.append(probe)
         problems = [p.problem for p in probes if p.problem]
         if problems:
             raise FailedPrecondition("checkpoint/restore cannot work on this node: "

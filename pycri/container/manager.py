@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -29,7 +30,8 @@ from pycri.api import api_pb2 as pb
 from pycri.cdi import names as cdi_names
 from pycri.cdi import registry as cdi
 from pycri.cdi.schema import ContainerEdits
-from pycri.checkpoint.support import NOT_BUILT, CheckpointSupport, is_checkpoint_archive
+from pycri.checkpoint import archive
+from pycri.checkpoint.support import CheckpointSupport
 from pycri.config import Config
 from pycri.container.model import KIND, Container
 from pycri.errors import (
@@ -37,7 +39,6 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
-    Unimplemented,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
@@ -204,15 +205,19 @@ class ContainerManager:
 
     # -- create ------------------------------------------------------------------
 
-    async def create(
-        self, sandbox_id: str, config: pb.ContainerConfig, sandbox_config: pb.PodSandboxConfig
-    ) -> str:
+    def ready_sandbox(self, sandbox_id: str) -> Sandbox:
         sb = self.sandboxes.get(sandbox_id)
         if sb.state != pb.SANDBOX_READY:
             raise FailedPrecondition(f"pod sandbox {sb.id} is not ready")
-        if is_checkpoint_archive(config.image.image):
-            await self.checkpoint_support.require(sb.handler)
-            raise Unimplemented(NOT_BUILT)
+        return sb
+
+    async def create(
+        self, sandbox_id: str, config: pb.ContainerConfig, sandbox_config: pb.PodSandboxConfig,
+        restore: Path | None = None,
+    ) -> str:
+        """`restore`: an unpacked checkpoint (checkpoint/archive.py) the container is made
+        from: its rootfs changes are applied now, its processes restored at the start."""
+        sb = self.ready_sandbox(sandbox_id)
         config = _with_pod_namespaces(config, sb.config)
         _check_mount_maps(config, sb.config)
         image = self.images.status(config.image.image)
@@ -238,7 +243,7 @@ class ContainerManager:
             async with self.lock(cid), AsyncExitStack() as undo:
                 self._save(c)
                 undo.callback(self._forget, c)
-                doc = await self._build(c, sb, image.config, undo)
+                doc = await self._build(c, sb, image.config, undo, restore)
                 c.state = pb.CONTAINER_CREATED
                 self._save(c)
                 undo.pop_all()
@@ -324,7 +329,8 @@ class ContainerManager:
         return ""
 
     async def _build(
-        self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack
+        self, c: Container, sb: Sandbox, image_config: dict[str, Any], undo: AsyncExitStack,
+        restore: Path | None = None,
     ) -> dict[str, Any]:
         """Everything up to the created process; returns the spec it was created with."""
         config = c.config
@@ -338,6 +344,10 @@ class ContainerManager:
         async with step("preparing the rootfs"):
             rootfs = await self.images.prepare_rootfs(c.id, c.image_id, idmap)
             undo.push_async_callback(self.images.remove_rootfs, c.id)
+        if restore is not None:
+            async with step("applying the checkpoint's rootfs changes"):
+                await asyncio.to_thread(archive.apply_rootfs_diff, restore, rootfs,
+                                        self.cfg.checkpoint.max_archive_bytes, "image")
         async with step("mounting image volumes"):
             volumes = await self._mount_image_volumes(c, idmap, undo)
         async with step("staging recursive read-only and idmapped mounts"):
@@ -373,14 +383,20 @@ class ContainerManager:
         # After the plugins: the mounts they add are pinned like any other.
         async with step("checking the image's rootfs"):
             await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
-        log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
+        if restore is not None:  # the process is restored at the start
+            async with step("writing the bundle"):
+                bundle = await asyncio.to_thread(self.launcher.write_bundle, c.id, doc)
+                undo.push_async_callback(self.launcher.delete, c.id, c.handler)
+                images = bundle / archive.CHECKPOINT_DIR
+                await asyncio.to_thread(os.rename, restore / archive.CHECKPOINT_DIR, images)
+                c.restore_images = str(images)
+            return doc  # the staged mounts stay until the restore binds them
         async with step("creating the container"):
-            log_path.parent.mkdir(parents=True, exist_ok=True)
             created = await self.launcher.create(
                 c.id,
                 doc,
                 c.handler,
-                log_path,
+                self._monitor_log(c),
                 tty=config.tty,
                 stdin=config.stdin,
                 stdin_once=config.stdin_once,
@@ -391,6 +407,12 @@ class ContainerManager:
         # copies would only keep the source's mount points busy (EBUSY on rmdir).
         await asyncio.to_thread(self._unstage, c)
         return doc
+
+    def _monitor_log(self, c: Container) -> Path:
+        """Where conmon writes the container's output (made if need be)."""
+        log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        return log_path
 
     @staticmethod
     def _read_identity(
@@ -497,7 +519,10 @@ class ContainerManager:
             c.started_at = time.time_ns()
             self._starting.add(c.id)
             try:
-                await self.launcher.start(c.id, c.handler)
+                if c.restore_images:
+                    await self._restore(c)
+                else:
+                    await self.launcher.start(c.id, c.handler)
             except PycriError as e:
                 # Reported EXITED, so nothing may run: a start cut off by its deadline
                 # may have started the process all the same.
@@ -518,6 +543,18 @@ class ContainerManager:
             if c.state == pb.CONTAINER_EXITED:  # it exited while being started
                 self._publish(c, events.STOPPED)
                 self._nri_stop(c)
+
+    async def _restore(self, c: Container) -> None:
+        """Start by restoring the checkpointed processes (the container was created from an
+        archive): they run on from where they were, watched by conmon like any other."""
+        images = Path(c.restore_images)
+        created = await self.launcher.restore(
+            c.id, c.handler, self._monitor_log(c), images, self.cfg.checkpoint.criu,
+            tty=c.config.tty, stdin=c.config.stdin, stdin_once=c.config.stdin_once)
+        c.pid, c.conmon_pid, c.pid_start = created.pid, created.conmon_pid, created.start_time
+        c.restore_images = ""
+        await asyncio.to_thread(self._unstage, c)
+        await asyncio.to_thread(shutil.rmtree, images, True)
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
@@ -749,6 +786,8 @@ class ContainerManager:
                     c.revision == revision):
                 self._mark_lost(c)
             return False
+        if c.restore_images and not probe.conmon_pid:
+            return False  # created from a checkpoint, not restored yet: nothing runs
         if probe.conmon_pid:
             self.launcher.watch_monitor(c.id, probe.conmon_pid, probe.conmon_alive, c.init)
         if c.state not in RUNNING_STATES or probe.fact is Fact.GONE:

@@ -39,6 +39,9 @@ class Container:
     groups: list[int] = field(default_factory=list)
     resources: dict[str, Any] = field(default_factory=dict)  # CRI LinuxContainerResources
     cgroups_path: str = ""  # the OCI linux.cgroupsPath the runtime was given
+    # CRIU's images a StartContainer restores the process from (a container created from
+    # a checkpoint archive); "" for a container started afresh, and once restored.
+    restore_images: str = ""
     # Per CRI mount: the image ID of an image volume, "" for a host path mount.
     mount_image_ids: list[str] = field(default_factory=list)
     # Bumped on every save, so readers can cache what they derive from a record.

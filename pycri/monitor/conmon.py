@@ -107,6 +107,8 @@ def _build_argv(
     stdin: bool,
     stdin_once: bool,
     log_size_max: int | None,
+    restore: Path | None = None,
+    runtime_options: tuple[str, ...] = (),
 ) -> list[str]:
     argv = [
         conmon,
@@ -125,8 +127,10 @@ def _build_argv(
         "--full-attach",
         "--log-level", "error",
     ]  # fmt: skip
-    for arg in runtime.global_args:
+    for arg in [*runtime.global_args, *runtime_options]:
         argv += ["--runtime-arg", arg]
+    if restore is not None:  # `runtime restore --detach` of the bundle, from these images
+        argv += ["--restore", str(restore)]
     if tty:
         argv.append("--terminal")
     if stdin:
@@ -154,8 +158,12 @@ async def create(
     conmon: str = DEFAULT_CONMON,
     timeout: float | None = None,
     reaper: Reaper | None = None,
+    restore: Path | None = None,
+    runtime_options: tuple[str, ...] = (),
 ) -> Created:
     """Have conmon run `runtime create`; returns once the container exists (not started).
+    With `restore` (a CRIU image directory) conmon runs `runtime restore` instead, and
+    the container runs when this returns; `runtime_options` go before the command.
 
     `conmon_cgroups`: existing cgroup directories (one per hierarchy) conmon is moved
     into before it forks, so it and the runtime are accounted there.
@@ -179,7 +187,7 @@ async def create(
     made_log = not Path(log_path).exists()
     argv = _build_argv(
         conmon, cid, bundle, runtime, Path(log_path), Path(exit_dir), persist_dir,
-        tty, stdin, stdin_once, log_size_max,
+        tty, stdin, stdin_once, log_size_max, restore, runtime_options,
     )  # fmt: skip
     sync_r, sync_w = os.pipe2(os.O_CLOEXEC)
     start_r, start_w = os.pipe2(os.O_CLOEXEC)

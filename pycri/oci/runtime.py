@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import signal as _signal
 from collections.abc import Sequence
@@ -125,9 +126,10 @@ class OCIRuntime:
         return ["--root", str(self.root)]
 
     async def run(
-        self, args: Sequence[str], stdin: bytes | None = None, timeout: float | None = None
+        self, args: Sequence[str], stdin: bytes | None = None, timeout: float | None = None,
+        options: Sequence[str] = (),
     ) -> tuple[int, bytes, bytes]:
-        """Run `<runtime> --root R args...`; a hung runtime is killed at the deadline.
+        """Run `<runtime> --root R [options] args...`; a hung runtime is killed at the deadline.
 
         The runtime runs in its own process group and the whole group is killed: a
         child left holding the output pipes would keep `wait()` from ever returning.
@@ -137,7 +139,7 @@ class OCIRuntime:
         try:
             with metrics.timed(metrics.RUNTIME_SECONDS.labels(self.name, action),
                                metrics.RUNTIME_ERRORS.labels(self.name, action)):  # fmt: skip
-                rc, out, err = await procs.run([self.path, *self.global_args, *args],
+                rc, out, err = await procs.run([self.path, *self.global_args, *options, *args],
                                                stdin=stdin, timeout=limit)  # fmt: skip
                 if rc != 0:
                     metrics.RUNTIME_ERRORS.labels(self.name, action).inc()
@@ -213,3 +215,46 @@ class OCIRuntime:
             if st is not None and st.get("status") == "stopped":
                 raise FailedPrecondition(f"{self.name} update {cid}: the container is not running")
             raise runtime_failure(self.name, "update", cid, err)
+
+    async def pause(self, cid: str, resume: bool = False) -> None:
+        """Freeze every process of the container (its cgroup's freezer), or thaw them."""
+        check_id(cid)
+        action = "resume" if resume else "pause"
+        rc, _, err = await self.run([action, cid])
+        if rc != 0:
+            if self._absent(cid):
+                raise NotFound(f"{self.name} {action} {cid}: the runtime does not know it")
+            raise runtime_failure(self.name, action, cid, err)
+
+    def criu_options(self, criu: str) -> list[str]:
+        """Global options naming the criu binary: runc takes `--criu`; crun links libcriu
+        and has no such option."""
+        return ["--criu", criu] if os.path.basename(self.path).startswith("runc") else []
+
+    async def checkpoint(
+        self, cid: str, image_path: Path, work_path: Path, criu: str, timeout: float
+    ) -> None:
+        """Dump the container's processes with CRIU into `image_path`, leaving them as
+        they were (running, or paused: CRIU then keeps the cgroup frozen); CRIU's log goes
+        to `work_path`/dump.log, whose errors the failure names."""
+        check_id(cid)
+        args = ["checkpoint", "--image-path", str(image_path), "--work-path", str(work_path),
+                "--leave-running", cid]
+        rc, _, err = await self.run(args, timeout=timeout, options=self.criu_options(criu))
+        if rc != 0:
+            if self._absent(cid):
+                raise NotFound(f"{self.name} checkpoint {cid}: the runtime does not know it")
+            raise OCIRuntimeError(self.name, "checkpoint", cid,
+                                  f"{one_line(err)}{criu_errors(work_path / 'dump.log')}")
+
+
+def criu_errors(log: Path, limit: int = 5) -> str:
+    """The last `Error` lines of a CRIU log, to say why a dump or restore failed."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - (256 << 10)))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [line.split("): ", 1)[-1].strip() for line in lines if "Error" in line]
+    return f" (CRIU: {'; '.join(errors[-limit:])})" if errors else ""

@@ -36,5 +36,8 @@ class CheckpointRPCs:
     async def RestorePod(
         self, request: pb.RestorePodRequest, context: Ctx
     ) -> pb.RestorePodResponse:
-        await self.checkpoints.restore_pod(request.checkpoint_path, request.runtime_handler)
-        return pb.RestorePodResponse()
+        sid, restored = await self.checkpoints.restore_pod(
+            request.checkpoint_path, request.config, request.runtime_handler,
+            list(request.container_configs))
+        return pb.RestorePodResponse(pod_sandbox_id=sid, restored_containers=[
+            pb.RestoredContainer(name=name, container_id=cid) for name, cid in restored])

@@ -6,6 +6,7 @@ import grpc
 from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
+from pycri.checkpoint.manager import CheckpointManager
 from pycri.container.manager import ContainerManager, cri_signal, parse_signal
 from pycri.container.model import Container
 from pycri.server.errors import rpc
@@ -100,6 +101,7 @@ class ContainerRPCs:
     """The hot reads answer with bytes encoded once per container revision (wire.py)."""
 
     containers: ContainerManager
+    checkpoints: CheckpointManager
     _container_items: ItemCache[Container, bytes] = ItemCache(_listed)
     _container_statuses: ItemCache[Container, bytes] = ItemCache(_status)
     # A container's entry in its pod's PodSandboxStatusResponse.containers_statuses.
@@ -109,9 +111,10 @@ class ContainerRPCs:
     async def CreateContainer(
         self, request: pb.CreateContainerRequest, context: Ctx
     ) -> pb.CreateContainerResponse:
-        cid = await self.containers.create(
-            request.pod_sandbox_id, request.config, request.sandbox_config
-        )
+        create = (self.checkpoints.create_container
+                  if self.checkpoints.restores(request.config.image.image)
+                  else self.containers.create)
+        cid = await create(request.pod_sandbox_id, request.config, request.sandbox_config)
         return pb.CreateContainerResponse(container_id=cid)
 
     @rpc

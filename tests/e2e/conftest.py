@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -23,6 +24,9 @@ from tests.lib import images
 from tests.lib.registry import Registry
 
 TAG = secrets.token_hex(2)
+# The criu binary the nodes use (PYCRI_TEST_CRIU, else `criu` on PATH): checkpoint tests
+# run where its `criu check` passes and say why they are skipped elsewhere.
+CRIU = os.environ.get("PYCRI_TEST_CRIU") or shutil.which("criu") or "/usr/sbin/criu"
 _n = count(1)
 _octet = secrets.randbelow(200)
 
@@ -211,7 +215,10 @@ def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
         f'[nri]\nsocket_path = "{tmp_path / "nri" / "nri.sock"}"\n'
         f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
         f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
+        f'[checkpoint]\ncriu = "{CRIU}"\narchive_dirs = ["{tmp_path / "archives"}"]\n'
+        'check_timeout = 120\n'
     )
+    (tmp_path / "archives").mkdir()
     proc = PycriProcess(root=tmp_path / "root", state=tmp_path / "state",
                         socket=tmp_path / "state" / "pycri.sock", config=config,
                         log=tmp_path / "pycri.log")

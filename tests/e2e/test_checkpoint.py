@@ -1,12 +1,18 @@
-"""Checkpoint/restore end to end. Where CRIU cannot work every checkpoint RPC (and
-CreateContainer from an archive) answers FailedPrecondition naming what is missing and
-changes nothing; the fault is a config pointing at a criu binary that is not there.
-Where `criu check` passes, a counting container is checkpointed and restored into a new
-pod, and must keep counting from where it was."""
+"""Checkpoint/restore end to end, with the criu binary of PYCRI_TEST_CRIU (else `criu` on
+PATH). Where its `criu check` passes, a counting container is checkpointed, its archive
+read back with tarfile, and restored into a new pod (by CreateContainer from the archive,
+and by RestorePod from a pod archive), where it must count on from the checkpointed
+value. Where CRIU cannot work every checkpoint RPC answers FailedPrecondition naming
+what is missing; bad requests are refused and change nothing, on any host."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import shutil
+import subprocess
+import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,11 +24,19 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint.support import probe_criu
 from pycri.config import CheckpointConfig
-from tests.e2e.conftest import Node
+from tests.e2e.conftest import CRIU, Node
+from tests.lib import images
+from tests.lib.registry import Registry
 
 pytestmark = pytest.mark.e2e
 
-COUNTER = ["sh", "-c", "i=0; while true; do i=$((i+1)); echo $i > /count; sleep 0.2; done"]
+COUNTER = ["sh", "-c", "i=0; while true; do echo $i > /tmp/c; i=$((i+1)); sleep 0.1; done"]
+# checkpointctl, where there is one (PYCRI_TEST_CHECKPOINTCTL, else on PATH), must read
+# the archive.
+CHECKPOINTCTL = os.environ.get("PYCRI_TEST_CHECKPOINTCTL") or shutil.which("checkpointctl")
+CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig(criu=CRIU, check_timeout=120))).problem
+needs_criu = pytest.mark.skipif(bool(CRIU_PROBLEM), reason=f"CRIU cannot work here: "
+                                f"{CRIU_PROBLEM} (set PYCRI_TEST_CRIU to a criu that can)")
 
 
 def refused(call: Callable[[Any], Any], request: Any, code: grpc.StatusCode) -> str:
@@ -33,18 +47,218 @@ def refused(call: Callable[[Any], Any], request: Any, code: grpc.StatusCode) -> 
 
 
 def count(node: Node, cid: str) -> int:
-    return int(node.exec(cid, "cat", "/count").stdout)
+    """The counter's value; read again if caught between the truncate and the write."""
+    for _ in range(50):
+        if out := node.exec(cid, "cat", "/tmp/c").stdout.strip():
+            return int(out)
+    raise AssertionError("/tmp/c stays empty")
+
+
+def archives(node: Node) -> Path:
+    return node.tmp / "archives"
+
+
+def counting(node: Node, name: str) -> tuple[str, str]:
+    """A pod with the counter running, counted past 10 (a restart from 0 cannot pass for
+    a restore)."""
+    sid, pod = node.run_pod(name)
+    cid = node.run(sid, pod, "counter", COUNTER)
+    deadline = time.monotonic() + 30
+    while count(node, cid) < 10:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    return sid, cid
+
+
+def assert_counts_on(node: Node, cid: str, checkpointed: int) -> None:
+    """The restored counter runs on from the checkpointed value (its memory came back)."""
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+    first = count(node, cid)
+    assert first >= checkpointed
+    deadline = time.monotonic() + 10
+    while count(node, cid) <= first:
+        assert time.monotonic() < deadline, "the restored counter does not count"
+        time.sleep(0.2)
+
+
+def container_layout(tar: tarfile.TarFile, prefix: str = "") -> tuple[dict[str, Any], int]:
+    """Check one container's checkpoint layout in `tar`; (config.dump, the counter's
+    value in the rootfs changes)."""
+    names = set(tar.getnames())
+    for name in ("config.dump", "spec.dump", "rootfs-diff.tar", "dump.log", "status",
+                 "pycri.container.json", "checkpoint/inventory.img", "checkpoint/pstree.img"):
+        assert prefix + name in names, sorted(names)
+    assert any(n.startswith(prefix + "checkpoint/pages-") for n in names)
+
+    def read(name: str) -> bytes:
+        f = tar.extractfile(prefix + name)
+        assert f is not None
+        return f.read()
+
+    config = json.loads(read("config.dump"))
+    spec = json.loads(read("spec.dump"))
+    assert spec["annotations"]["io.kubernetes.cri.container-name"] == "counter"
+    with tarfile.open(fileobj=tar.extractfile(prefix + "rootfs-diff.tar")) as diff:
+        f = diff.extractfile("tmp/c")
+        assert f is not None
+        return config, int(f.read())
+
+
+@needs_criu
+def test_a_checkpointed_counter_keeps_counting_in_a_new_pod(node: Node) -> None:
+    rt = node.cri.runtime
+    sid, cid = counting(node, "ckpt-src")
+    archive = archives(node) / "counter.tar"
+    rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid,
+                                                         location=str(archive), timeout=120))
+    assert node.status(cid).state == pb.CONTAINER_RUNNING  # left running
+    assert count(node, cid) >= 10
+    with tarfile.open(archive) as tar:
+        config, checkpointed = container_layout(tar)
+    assert config["id"] == cid and config["name"] == "counter" and config["runtime"] == "runc"
+    assert config["rootfsImage"] == node.image
+    assert config["rootfsImageRef"].startswith("sha256:")
+    assert checkpointed >= 10
+    assert [p.name for p in archives(node).iterdir()] == ["counter.tar"]  # nothing partial
+    if CHECKPOINTCTL:  # checkpointctl reads it as it reads CRI-O's and containerd's
+        shown = subprocess.run([CHECKPOINTCTL, "show", str(archive)], capture_output=True,
+                               text=True, timeout=60, check=True).stdout
+        assert "counter" in shown and cid[:12] in shown and node.image in shown, shown
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+
+    new_sid, new_pod = node.run_pod("ckpt-dst")
+    restored = node.container_config("counter-restored", [])
+    restored.image.image = str(archive)
+    new_cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=new_sid, config=restored, sandbox_config=new_pod)).container_id
+    status = node.status(new_cid)
+    assert status.state == pb.CONTAINER_CREATED
+    assert status.metadata.name == "counter-restored"  # the request's name
+    assert status.image.image == node.image
+    node.restart()  # a container waiting for its restore stays CREATED across a restart
+    rt = node.cri.runtime
+    assert node.status(new_cid).state == pb.CONTAINER_CREATED
+    rt.StartContainer(pb.StartContainerRequest(container_id=new_cid))
+    assert_counts_on(node, new_cid, checkpointed)
+
+    # Its exit is handled like any container's.
+    rt.StopContainer(pb.StopContainerRequest(container_id=new_cid, timeout=0))
+    status = node.status(new_cid)
+    assert status.state == pb.CONTAINER_EXITED and status.exit_code == 137
+
+
+@needs_criu
+def test_an_image_holding_a_checkpoint_restores_like_the_archive(
+    node: Node, registry: Registry
+) -> None:
+    """The archive's files as an OCI image's layer, marked as `checkpointctl build` marks
+    it: pulled like any image, created from like the archive."""
+    rt = node.cri.runtime
+    sid, cid = counting(node, "img-src")
+    archive = archives(node) / "counter.tar"
+    rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid,
+                                                         location=str(archive)))
+    with tarfile.open(archive) as tar:
+        _, checkpointed = container_layout(tar)
+        layer = [images.directory(m.name) if m.isdir() else
+                 images.file(m.name, tar.extractfile(m).read())  # type: ignore[union-attr]
+                 for m in tar.getmembers()]
+    ref = images.push_image(registry.addr, node.tmp / "layout", "counter-checkpoint", "v1", [
+        images.ImageSpec(layers=[layer], annotations={
+            "org.criu.checkpoint.container.name": "counter"})])
+    node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+
+    new_sid, new_pod = node.run_pod("img-dst")
+    restored = node.container_config("counter", [])
+    restored.image.image = ref
+    new_cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=new_sid, config=restored, sandbox_config=new_pod)).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=new_cid))
+    assert_counts_on(node, new_cid, checkpointed)
+
+
+@needs_criu
+def test_a_checkpointed_pod_is_restored_with_its_containers(node: Node) -> None:
+    rt = node.cri.runtime
+    sid, cid = counting(node, "pod-src")
+    archive = archives(node) / "pod.tar"
+    rt.CheckpointPod(pb.CheckpointPodRequest(pod_sandbox_id=sid, output_path=str(archive)))
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+    with tarfile.open(archive) as tar:
+        options = json.load(tar.extractfile("pod.options"))  # type: ignore[arg-type]
+        assert options["containers"] == {"counter": cid}
+        dumped = json.load(tar.extractfile("pod.dump"))  # type: ignore[arg-type]
+        assert dumped["config"]["metadata"]["name"] == "pod-src"
+        _, checkpointed = container_layout(tar, f"{cid}/")
+    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
+
+    answer = rt.RestorePod(pb.RestorePodRequest(checkpoint_path=str(archive),
+                                                config=node.pod_config("pod-dst")))
+    assert [c.name for c in answer.restored_containers] == ["counter"]
+    new_cid = answer.restored_containers[0].container_id
+    assert node.pod_status(answer.pod_sandbox_id).metadata.name == "pod-dst"
+    assert node.status(new_cid).metadata.name == "counter"
+    assert_counts_on(node, new_cid, checkpointed)
+
+
+def test_bad_checkpoint_requests_change_nothing(node: Node) -> None:
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("ckpt-bad")
+    cid = node.run(sid, pod, "counter", COUNTER)
+    outside = node.tmp / "elsewhere.tar"
+    details = refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
+        container_id=cid, location=str(outside)), grpc.StatusCode.INVALID_ARGUMENT)
+    assert "is outside the checkpoint directories" in details
+    escape = archives(node) / "sub"
+    escape.symlink_to(node.tmp)  # a link out of the directory is outside too
+    refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
+        container_id=cid, location=str(escape / "x.tar")), grpc.StatusCode.INVALID_ARGUMENT)
+    existing = archives(node) / "taken.tar"
+    existing.write_text("mine")
+    details = refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
+        container_id=cid, location=str(existing)), grpc.StatusCode.ALREADY_EXISTS)
+    assert "already exists" in details
+    refused(rt.CheckpointPod, pb.CheckpointPodRequest(
+        pod_sandbox_id=sid, output_path=str(existing)), grpc.StatusCode.ALREADY_EXISTS)
+    refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
+        container_id="0123456789ab", location=str(archives(node) / "c.tar")),
+        grpc.StatusCode.NOT_FOUND)
+    refused(rt.CheckpointPod, pb.CheckpointPodRequest(
+        pod_sandbox_id="0123456789ab", output_path=str(archives(node) / "p.tar")),
+        grpc.StatusCode.NOT_FOUND)
+    details = refused(rt.CheckpointPod, pb.CheckpointPodRequest(
+        pod_sandbox_id=sid, output_path=str(archives(node) / "p.tar"),
+        container_ids=["0123456789ab"]), grpc.StatusCode.NOT_FOUND)
+    assert "0123456789ab" in details
+    refused(rt.RestorePod, pb.RestorePodRequest(
+        checkpoint_path=str(archives(node) / "none.tar")), grpc.StatusCode.NOT_FOUND)
+    from_outside = node.container_config("restored", [])
+    from_outside.image.image = str(outside)
+    refused(rt.CreateContainer, pb.CreateContainerRequest(
+        pod_sandbox_id=sid, config=from_outside, sandbox_config=pod),
+        grpc.StatusCode.INVALID_ARGUMENT)
+
+    # Nothing changed: no file written or replaced, one pod, the counter still counting.
+    assert not outside.exists() and existing.read_text() == "mine"
+    assert sorted(p.name for p in archives(node).iterdir()) == ["sub", "taken.tar"]
+    assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]
+    assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == [cid]
+    before = count(node, cid)
+    time.sleep(0.5)
+    assert count(node, cid) > before
 
 
 def test_without_criu_every_checkpoint_rpc_is_a_failed_precondition(node: Node) -> None:
     missing = node.tmp / "no-criu"
-    with open(node.proc.config, "a") as f:
-        f.write(f'[checkpoint]\ncriu = "{missing}"\n')
+    node.proc.config.write_text(node.proc.config.read_text().replace(
+        f'criu = "{CRIU}"', f'criu = "{missing}"'))
     node.restart()
     rt = node.cri.runtime
     sid, pod = node.run_pod("ckpt")
     cid = node.run(sid, pod, "counter", COUNTER)
-    archive = node.tmp / "counter.tar"
+    archive = archives(node) / "counter.tar"
     why = f"checkpoint/restore cannot work on this node: the criu binary {missing} is not there"
 
     details = refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
@@ -53,6 +267,8 @@ def test_without_criu_every_checkpoint_rpc_is_a_failed_precondition(node: Node) 
     details = refused(rt.CheckpointPod, pb.CheckpointPodRequest(
         pod_sandbox_id=sid, output_path=str(archive)), grpc.StatusCode.FAILED_PRECONDITION)
     assert details.startswith(why)
+    assert not archive.exists()
+    archive.write_bytes(b"")  # an archive to restore from, never opened
     details = refused(rt.RestorePod, pb.RestorePodRequest(
         checkpoint_path=str(archive), config=node.pod_config("restored")),
         grpc.StatusCode.FAILED_PRECONDITION)
@@ -64,57 +280,10 @@ def test_without_criu_every_checkpoint_rpc_is_a_failed_precondition(node: Node) 
         grpc.StatusCode.FAILED_PRECONDITION)
     assert details.startswith(why)
 
-    # Nothing changed: no archive, no new pod or container, the counter still counting.
-    assert not archive.exists()
+    # Nothing changed: no new pod or container, the counter still counting.
     assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]
     assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == [cid]
     assert node.status(cid).state == pb.CONTAINER_RUNNING
     before = count(node, cid)
-    time.sleep(0.6)
+    time.sleep(0.5)
     assert count(node, cid) > before
-
-
-def test_checkpoint_rpcs_name_what_they_cannot_find_or_accept(node: Node) -> None:
-    rt = node.cri.runtime
-    sid, _ = node.run_pod("ckpt-args")
-    location = str(node.tmp / "c.tar")
-    refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
-        container_id="0123456789ab", location=location), grpc.StatusCode.NOT_FOUND)
-    refused(rt.CheckpointPod, pb.CheckpointPodRequest(
-        pod_sandbox_id="0123456789ab", output_path=location), grpc.StatusCode.NOT_FOUND)
-    details = refused(rt.CheckpointPod, pb.CheckpointPodRequest(
-        pod_sandbox_id=sid, output_path=location, container_ids=["0123456789ab"]),
-        grpc.StatusCode.NOT_FOUND)
-    assert "0123456789ab" in details
-    details = refused(rt.CheckpointContainer, pb.CheckpointContainerRequest(
-        container_id=sid, location="relative.tar"), grpc.StatusCode.INVALID_ARGUMENT)
-    assert details.startswith("location: must be an absolute")
-
-
-CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig())).problem
-
-
-@pytest.mark.skipif(bool(CRIU_PROBLEM), reason=f"CRIU cannot work here: {CRIU_PROBLEM}")
-def test_a_checkpointed_counter_keeps_counting_in_a_new_pod(node: Node, tmp_path: Path) -> None:
-    rt = node.cri.runtime
-    sid, pod = node.run_pod("ckpt-src")
-    cid = node.run(sid, pod, "counter", COUNTER)
-    time.sleep(3)  # ~15 counted: a restart from scratch could not have reached it
-    archive = tmp_path / "counter.tar"
-    rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid,
-                                                         location=str(archive)))
-    assert archive.is_file()
-    assert node.status(cid).state == pb.CONTAINER_RUNNING  # left running
-    at_checkpoint = count(node, cid)
-    rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
-
-    new_sid, new_pod = node.run_pod("ckpt-dst")
-    restored = node.container_config("counter", [])
-    restored.image.image = str(archive)
-    new_cid = rt.CreateContainer(pb.CreateContainerRequest(
-        pod_sandbox_id=new_sid, config=restored, sandbox_config=new_pod)).container_id
-    rt.StartContainer(pb.StartContainerRequest(container_id=new_cid))
-    first = count(node, new_cid)
-    assert first >= at_checkpoint - 5  # memory restored: not counting again from 1
-    time.sleep(0.6)
-    assert count(node, new_cid) > first

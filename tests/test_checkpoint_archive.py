@@ -1,0 +1,190 @@
+"""Checkpoint archives on disk (pycri/checkpoint/archive.py): where they may be written and
+read, that writing is all or nothing and bounded, that a hostile archive cannot write
+outside its directory, and that a container's rootfs changes (an overlay upper dir with a
+whiteout) replay into a new overlay as they were. Real files and real overlay mounts."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pycri.checkpoint import archive
+from pycri.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
+
+
+@pytest.fixture
+def allowed(tmp_path: Path) -> Path:
+    d = tmp_path / "archives"
+    d.mkdir()
+    return d
+
+
+def test_new_archives_only_inside_the_archive_dirs_and_never_over_a_file(
+    tmp_path: Path, allowed: Path
+) -> None:
+    dirs = [str(allowed)]
+    assert archive.new_archive(dirs, str(allowed / "a.tar"), "location") == allowed / "a.tar"
+    with pytest.raises(InvalidArgument, match=r"location: .* is outside the checkpoint dir"):
+        archive.new_archive(dirs, str(tmp_path / "a.tar"), "location")
+    (allowed / "out").symlink_to(tmp_path)
+    with pytest.raises(InvalidArgument, match="outside"):
+        archive.new_archive(dirs, str(allowed / "out" / "a.tar"), "location")
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        archive.new_archive(dirs, str(allowed / "sub" / "a.tar"), "location")
+    (allowed / "taken.tar").write_text("x")
+    with pytest.raises(AlreadyExists):
+        archive.new_archive(dirs, str(allowed / "taken.tar"), "location")
+    (allowed / "dangling").symlink_to(tmp_path / "nothing")
+    with pytest.raises(AlreadyExists):  # a link is a file too: never written through
+        archive.new_archive(dirs, str(allowed / "dangling"), "location")
+
+
+def test_archives_read_are_regular_files_inside_the_archive_dirs(
+    tmp_path: Path, allowed: Path
+) -> None:
+    dirs = [str(allowed)]
+    with pytest.raises(NotFound):
+        archive.existing_archive(dirs, str(allowed / "none.tar"), "image")
+    (tmp_path / "secret").write_text("x")
+    (allowed / "link.tar").symlink_to(tmp_path / "secret")
+    with pytest.raises(InvalidArgument, match="not a regular file"):
+        archive.existing_archive(dirs, str(allowed / "link.tar"), "image")
+    with pytest.raises(InvalidArgument, match="outside"):
+        archive.existing_archive(dirs, str(tmp_path / "secret"), "image")
+
+
+def test_writing_is_all_or_nothing_within_the_limit(tmp_path: Path, allowed: Path) -> None:
+    src = tmp_path / "src"
+    (src / "checkpoint").mkdir(parents=True)
+    (src / "checkpoint" / "pages-1.img").write_bytes(os.urandom(200_000))
+    (src / "config.dump").write_text("{}")
+    with pytest.raises(ResourceExhausted, match="max_archive_bytes"):
+        archive.write_tar(allowed / "big.tar", src, 100_000)
+    assert list(allowed.iterdir()) == []  # no partial file left
+    archive.write_tar(allowed / "ok.tar", src, 1 << 20)
+    with tarfile.open(allowed / "ok.tar") as tar:
+        assert set(tar.getnames()) == {"checkpoint", "checkpoint/pages-1.img", "config.dump"}
+    assert (allowed / "ok.tar").stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in allowed.iterdir()] == ["ok.tar"]
+
+
+def tar_with(path: Path, *members: tuple[tarfile.TarInfo, bytes]) -> Path:
+    with tarfile.open(path, "w") as tar:
+        for info, data in members:
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return path
+
+
+def entry(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (entry("../evil"), "leaves the archive"),
+    (entry("checkpoint/../../evil"), "leaves the archive"),
+    (entry("link", tarfile.SYMTYPE, "/etc"), "is not a regular file or directory"),
+    (entry("hard", tarfile.LNKTYPE, "/etc/passwd"), "is not a regular file or directory"),
+    (entry("dev", tarfile.CHRTYPE), "is not a regular file or directory"),
+])
+def test_a_hostile_archive_writes_nothing_outside(
+    tmp_path: Path, bad: tarfile.TarInfo, message: str
+) -> None:
+    dest = tmp_path / "work" / "unpacked"
+    dest.mkdir(parents=True)
+    path = tar_with(tmp_path / "bad.tar", (entry("config.dump"), b"{}"), (bad, b"x"))
+    with pytest.raises(InvalidArgument, match=message):
+        archive.extract(path, dest, 1 << 20, "image")
+    assert not (tmp_path / "work" / "evil").exists() and not (tmp_path / "evil").exists()
+
+
+def test_an_archive_is_unpacked_within_its_limit(tmp_path: Path) -> None:
+    dest = tmp_path / "unpacked"
+    dest.mkdir()
+    path = tar_with(tmp_path / "ok.tar", (entry(".", tarfile.DIRTYPE), b""),
+                    (entry("./checkpoint", tarfile.DIRTYPE), b""),
+                    (entry("./checkpoint/pages-1.img"), b"p" * 1000))
+    with pytest.raises(ResourceExhausted):
+        archive.extract(path, dest, 999, "image")
+    dest2 = tmp_path / "unpacked2"
+    dest2.mkdir()
+    archive.extract(path, dest2, 1000, "image")
+    assert (dest2 / "checkpoint" / "pages-1.img").read_bytes() == b"p" * 1000
+    with pytest.raises(InvalidArgument, match="not a readable tar archive"):
+        (tmp_path / "junk.tar").write_bytes(b"no tar here" * 100)
+        archive.extract(tmp_path / "junk.tar", dest2, 1000, "image")
+
+
+@contextlib.contextmanager
+def overlay(lower: Path, d: Path) -> Iterator[tuple[Path, Path]]:
+    """A real overlay like a container's rootfs: (merged, upper)."""
+    upper, work, merged = d / "upper", d / "work", d / "merged"
+    for p in (upper, work, merged):
+        p.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={lower},upperdir={upper},workdir={work}", str(merged)], check=True)
+    try:
+        yield merged, upper
+    finally:
+        subprocess.run(["umount", str(merged)], check=True)
+
+
+def test_rootfs_changes_replay_into_a_new_overlay(tmp_path: Path) -> None:
+    lower = tmp_path / "lower"
+    (lower / "etc").mkdir(parents=True)
+    (lower / "etc" / "keep").write_text("image")
+    (lower / "etc" / "gone").write_text("image")
+    (lower / "bin").mkdir()
+    out = tmp_path / "layout"
+    out.mkdir()
+    with overlay(lower, tmp_path / "old") as (merged, upper):
+        (merged / "etc" / "keep").write_text("changed")
+        (merged / "etc" / "gone").unlink()
+        (merged / "tmp").mkdir()
+        (merged / "tmp" / "c").write_text("42")
+        os.chmod(merged / "tmp" / "c", 0o4755)
+        (merged / "bin" / "sh").symlink_to("/bin/busybox")
+        archive.write_rootfs_diff(upper, out, 1 << 20)
+    assert json.loads((out / archive.DELETED_FILES).read_text()) == ["/etc/gone"]
+    with tarfile.open(out / archive.ROOTFS_DIFF) as tar:
+        assert "etc/gone" not in tar.getnames()  # the whiteout is a deleted file instead
+        assert {"etc/keep", "tmp/c", "bin/sh"} <= set(tar.getnames())
+
+    with overlay(lower, tmp_path / "new") as (merged, _):
+        archive.apply_rootfs_diff(out, merged, 1 << 20, "image")
+        assert (merged / "etc" / "keep").read_text() == "changed"
+        assert not (merged / "etc" / "gone").exists()
+        assert (merged / "tmp" / "c").read_text() == "42"
+        assert (merged / "tmp" / "c").stat().st_mode & 0o7777 == 0o4755  # its own mode
+        assert os.readlink(merged / "bin" / "sh") == "/bin/busybox"
+
+
+def test_rootfs_changes_cannot_reach_outside_the_rootfs(tmp_path: Path) -> None:
+    rootfs, outside = tmp_path / "rootfs", tmp_path / "outside"
+    rootfs.mkdir()
+    outside.mkdir()
+    (rootfs / "etc").symlink_to(outside)  # an image may hold such links
+    src = tmp_path / "src"
+    src.mkdir()
+    tar_with(src / archive.ROOTFS_DIFF, (entry("etc/passwd"), b"root::0:0::/:/bin/sh"))
+    with pytest.raises(InvalidArgument, match="cannot be applied"):
+        archive.apply_rootfs_diff(src, rootfs, 1 << 20, "image")
+    assert list(outside.iterdir()) == []
+
+    (src / archive.ROOTFS_DIFF).unlink()
+    (outside / "victim").write_text("x")
+    for name in ("/etc/victim", "/../outside/victim"):
+        (src / archive.DELETED_FILES).write_text(json.dumps([name]))
+        with pytest.raises(InvalidArgument):
+            archive.apply_rootfs_diff(src, rootfs, 1 << 20, "image")
+    assert (outside / "victim").exists()
