@@ -255,10 +255,9 @@ class Daemon:
 
     async def _start_nri(self, nri: Adaptation, sandboxes: SandboxManager,
                          containers: ContainerManager, launcher: Launcher) -> None:
-        """Plugins must be told of what recovery found: the specs are read off the loop."""
-        found = list(containers.containers.values())
-        specs = await asyncio.to_thread(lambda: [launcher.spec(c.id) or {} for c in found])
-        nri.load(sandboxes.sandboxes.values(), zip(found, specs, strict=True))
+        """Plugins must be told of what recovery found (the specs are read when the first
+        plugin connects: pre-installed plugins, launched here, make that before serving)."""
+        nri.load(sandboxes.sandboxes.values(), containers.containers.values(), launcher.spec)
         await nri.launch()
         if self.cfg.nri.disable_connections:
             return
