@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -131,6 +132,15 @@ class Pycri:
                 self.proc.kill()
                 self.proc.wait()
 
+    def logged_start(self, root: Path | None = None) -> tuple[float, float]:
+        """From the daemon's serving line: how long `Daemon.start` took (records loaded,
+        missed exits read, socket bound) and the process's age then (interpreter and
+        imports included): what the wall figures owe to pycri, and to the machine."""
+        text = ((root or self.work) / "pycri.log").read_text(errors="replace")
+        found = re.findall(r"loaded, ([0-9.]+)s after the start, ([0-9.]+)s after the exec",
+                           text)
+        return (float(found[-1][0]), float(found[-1][1])) if found else (0.0, 0.0)
+
     def rechecked(self, ep: Endpoint) -> float:
         """Seconds from the start until the recheck had learnt every state."""
         while True:
@@ -187,11 +197,14 @@ class Containerd:
         subprocess.run([str(HARNESS / "stop-containerd.sh")], env=self.env, check=False)
 
 
-def grow(ep: Endpoint, run_id: str, image: str, have: int, want: int, par: int) -> None:
-    """Bring `ep` from `have` to `want` running pods of one sleep container each."""
+def grow(ep: Endpoint, run_id: str, image: str, have: int, want: int, par: int) -> str:
+    """Bring `ep` from `have` to `want` running pods of one sleep container each; says
+    how long it took."""
+    t = time.monotonic()
     with ThreadPoolExecutor(par) as ex:
         list(ex.map(lambda i: ep.pod_with_container(run_id, f"r{i}", image, None),
                     range(have, want)))
+    return f"[{ep.label}] {want} pods running (+{want - have} in {time.monotonic() - t:.0f} s)"
 
 
 def check_all_running(ep: Endpoint, run_id: str, n: int) -> str:
@@ -246,8 +259,13 @@ def main() -> int:
             empty.mkdir()
             results["pycri"].setdefault("empty first", []).append(py.start(empty))
             py.stop()
+            start, age = py.logged_start(empty)
+            results["pycri"].setdefault("empty start", []).append(start)
+            results["pycri"].setdefault("empty age", []).append(age)
             shutil.rmtree(empty, ignore_errors=True)
-        print(f"pycri empty-state first answer: {results['pycri'].get('empty first')}", flush=True)
+        print(f"pycri empty-state first answer: {results['pycri'].get('empty first')}, "
+              f"Daemon.start {results['pycri'].get('empty start')}, "
+              f"age {results['pycri'].get('empty age')}; load {os.getloadavg()}", flush=True)
         py.start()
         for d in daemons:
             if isinstance(d, Containerd):
@@ -256,11 +274,13 @@ def main() -> int:
             eps[d.label].ensure_image(args.image)
         have = 0
         for n in sizes:
-            for d in daemons:
-                t = time.monotonic()
-                grow(eps[d.label], run_id, args.image, have, n, args.par)
-                print(f"[{d.label}] {n} pods running (+{n - have} in "
-                      f"{time.monotonic() - t:.0f} s)", flush=True)
+            # Both grow at once: on a machine others load, each gets its share of it
+            # for the same wall time (the restarts below are one at a time).
+            with ThreadPoolExecutor(len(daemons)) as ex:
+                grown = [ex.submit(grow, eps[d.label], run_id, args.image, have, n, args.par)
+                         for d in daemons]
+                for f in grown:
+                    print(f.result(), flush=True)
             have = n
             for r in range(args.restarts):
                 for d in daemons if r % 2 == 0 else list(reversed(daemons)):
@@ -274,11 +294,15 @@ def main() -> int:
                     if isinstance(d, Pycri):
                         full = d.rechecked(ep)
                         res.setdefault(f"{n} rechecked", []).append(full)
-                        line += f", rechecked {full:.3f} s"
+                        start, age = d.logged_start()
+                        res.setdefault(f"{n} start", []).append(start)
+                        res.setdefault(f"{n} age", []).append(age)
+                        line += (f", rechecked {full:.3f} s (Daemon.start {start:.3f} s, "
+                                 f"process age {age:.2f} s when serving)")
                     if bad := check_all_running(ep, run_id, n):
                         line += f"; WRONG after the restart: {bad}"
                         res.setdefault("errors", []).append(float(n))
-                    print(line, flush=True)
+                    print(f"{line}; load {os.getloadavg()[0]:.1f}", flush=True)
                     time.sleep(3)  # let the other daemon's restart settle
     finally:
         for label, ep in eps.items():

@@ -283,13 +283,13 @@ class Daemon:
 
     async def _start_nri(self, sock: socket.socket | None) -> None:
         """Plugins must be told of what recovery found (or what runs, on a reload that
-        enables NRI): the specs are read off the loop. `sock`: the listener, if any."""
+        enables NRI); the specs are read when the first plugin connects (pre-installed
+        plugins, launched here, make that happen at once). `sock`: the listener, if any."""
         nri, launcher = self.nri, self.launcher
         assert nri is not None and launcher is not None and self.containers is not None
         assert self.sandboxes is not None
-        found = list(self.containers.containers.values())
-        specs = await asyncio.to_thread(lambda: [launcher.spec(c.id) or {} for c in found])
-        nri.load(self.sandboxes.sandboxes.values(), zip(found, specs, strict=True))
+        nri.load(self.sandboxes.sandboxes.values(), self.containers.containers.values(),
+                 launcher.spec)
         await nri.launch()
         if sock is not None:
             self._nri_listen(sock)

@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -696,11 +696,21 @@ class ContainerManager:
         return {"info": json.dumps(info)}
 
     async def update_resources(self, cid: str, resources: pb.LinuxContainerResources) -> None:
+        await self.change_resources(cid, lambda _: resources)
+
+    async def change_resources(self, cid: str, change: Callable[
+            [pb.LinuxContainerResources], pb.LinuxContainerResources]) -> None:
+        """Update to `change(recorded resources)`, computed under the container's lock,
+        so changes made at once (NRI plugins' updates) compose instead of one undoing
+        another."""
         async with self._held(cid) as c:
             if c is None:
                 raise NotFound(f"container {cid!r} not found")
             if c.state not in RUNNING_STATES:
                 raise FailedPrecondition(f"container {c.id} is not running")
+            recorded = pb.LinuxContainerResources()
+            json_format.ParseDict(c.resources, recorded)
+            resources = change(recorded)
             own = await self.nri.update_container(c, convert.cri_resources(resources))
             if own is not None:  # what the plugins changed in it
                 resources = adjust.to_cri_resources(resources, own)

@@ -193,6 +193,7 @@ async def create(
     start_r, start_w = os.pipe2(os.O_CLOEXEC)
     env = dict(os.environ, _OCI_SYNCPIPE=str(sync_w), _OCI_STARTPIPE=str(start_r))
     conmon_pid = 0
+    exited: asyncio.Future[int | None] | None = None  # the reaper's watch on conmon
     # Until its pid file is read, the daemonized conmon (re-parented to us) must not
     # be swept as an orphan: its pid would be free for reuse before we watch it.
     hold = contextlib.ExitStack()
@@ -228,7 +229,7 @@ async def create(
                 raise PycriError(f"conmon for {cid} failed to start: {err.decode().strip()}")
             conmon_pid = int(conmon_pid_file(persist_dir).read_text().strip())
             if reaper is not None:
-                reaper.watch(conmon_pid)
+                exited = reaper.watch(conmon_pid)
             hold.close()
             pid = await asyncio.wait_for(_read_sync(sync_r, runtime, cid), limit)
         # `runtime init` waits for its start, a child of conmon: this pid is the process.
@@ -236,7 +237,7 @@ async def create(
         return Created(pid=pid, conmon_pid=conmon_pid, start_time=init.start if init else 0)
     except BaseException as e:
         await _undo(cid, bundle, runtime, persist_dir, made_persist, Path(log_path), made_log,
-                    conmon_pid, reaper)  # fmt: skip
+                    conmon_pid, exited)  # fmt: skip
         if isinstance(e, TimeoutError):
             msg = (f"{runtime.name} create {cid}: no answer within {limit:g}s, killed "
                    f"(the limit is runtimes.{runtime.name}.timeout)")
@@ -292,11 +293,11 @@ async def _undo(
     log_path: Path,
     made_log: bool,
     conmon_pid: int,
-    reaper: Reaper | None,
+    exited: asyncio.Future[int | None] | None,
 ) -> None:
     """Remove what a failed create left: conmon, runtime state, fifos, pid and log files."""
     if conmon_pid > 0:
-        await kill_monitor(conmon_pid, reaper)
+        await kill_monitor(conmon_pid, exited)
     with contextlib.suppress(PycriError):
         await runtime.delete(cid, force=True)
     # A process the runtime had made (`runc init`) is re-parented to us with conmon
@@ -315,10 +316,15 @@ async def _undo(
             log_path.unlink()
 
 
-async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 10.0) -> None:
+async def kill_monitor(conmon_pid: int, exited: asyncio.Future[int | None] | None,
+                       timeout: float = 10.0) -> None:
     """SIGKILL a conmon with its process group: conmon leads its own session, and the
-    runtime it is running (perhaps hung) is in it. conmon (watched since its pid file
-    was read) is reaped by `reaper`, what the kill re-parents to us by its sweep."""
+    runtime it is running (perhaps hung) is in it. `exited` is the reaper's watch on
+    conmon since its pid file was read (None: no reaper): the reaper reaps conmon, its
+    sweep what the kill re-parents to us. Once the watch has resolved conmon is reaped
+    and its pid free for another process: nothing is killed then."""
+    if exited is not None and exited.done():
+        return
     try:
         leader = os.getpgid(conmon_pid) == conmon_pid
     except ProcessLookupError:
@@ -328,10 +334,11 @@ async def kill_monitor(conmon_pid: int, reaper: Reaper | None, timeout: float = 
     else:
         with contextlib.suppress(ProcessLookupError):
             os.kill(conmon_pid, signal.SIGKILL)
-    if reaper is not None:
-        await reaper.wait(conmon_pid, timeout)
-    else:
+    if exited is None:
         await wait_gone(conmon_pid, timeout)
+    else:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(exited), timeout)
 
 
 async def wait_gone(pid: int, timeout: float) -> bool:

@@ -15,6 +15,10 @@ the protocol's own runtimes do: plugins may assume they never see two at once.
   waits for its Synchronize to end before being sent to it. The snapshot holds every pod
   and container whose first hook (RunPodSandbox, CreateContainer) was issued, so
   whatever was announced before the join is in it, and whatever after is sent to it.
+- After a restart the recovered containers' OCI specs (what a snapshot says of their
+  process, mounts and resources) are read only when the first plugin connects, off the
+  loop, and every plugin joins only once they are read: a node with no plugin never
+  reads them, and none delays the socket's first answer.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ log = logging.getLogger(__name__)
 
 M = TypeVar("M", bound=Message)
 Spec = dict[str, Any]
+SpecReader = Callable[[str], Spec | None]  # a container's OCI spec on disk, None if gone
 # Applies container updates requested by plugins; returns the ones that failed.
 UpdateFn = Callable[[Sequence[api.ContainerUpdate]], Awaitable[list[api.ContainerUpdate]]]
 
@@ -104,6 +109,9 @@ class Adaptation:
         self._wanted = 0  # union of the plugins' event masks
         self._pods: dict[str, Sandbox] = {}  # announced to plugins (RunPodSandbox issued)
         self._containers: dict[str, tuple[Container, Spec]] = {}  # CreateContainer issued
+        self._unread: set[str] = set()  # recovered containers whose spec is not read yet
+        self._read_spec: SpecReader = lambda cid: None
+        self._reading = asyncio.Lock()
         self._stopped_pods: set[str] = set()
         self._lock = asyncio.Lock()  # one event at a time, in every plugin
         self._listener: socket.socket | None = None
@@ -114,11 +122,28 @@ class Adaptation:
 
     # -- state known before any plugin --------------------------------------------------
 
-    def load(self, pods: Iterable[Sandbox], containers: Iterable[tuple[Container, Spec]]
-             ) -> None:
-        """What recovery found (the specs read by the caller, off the loop)."""
+    def load(self, pods: Iterable[Sandbox], containers: Iterable[Container],
+             read_spec: SpecReader) -> None:
+        """What recovery found; the containers' specs are read by `read_spec` (file reads)
+        when a plugin first connects (`_read_specs`)."""
         self._pods.update((sb.id, sb) for sb in pods)
-        self._containers.update((c.id, (c, convert.spec_view(spec))) for c, spec in containers)
+        for c in containers:
+            self._containers[c.id] = (c, {})
+            self._unread.add(c.id)
+        self._read_spec = read_spec
+
+    async def _read_specs(self) -> None:
+        """Fill in the recovered containers' specs, in a worker thread, once; a container
+        removed meanwhile stays out."""
+        async with self._reading:
+            unread = [entry[0] for cid in self._unread if (entry := self._containers.get(cid))]
+            if unread:
+                views = await asyncio.to_thread(
+                    lambda: [convert.spec_view(self._read_spec(c.id) or {}) for c in unread])
+                for c, view in zip(unread, views, strict=True):
+                    if (entry := self._containers.get(c.id)) is not None and entry[0] is c:
+                        self._containers[c.id] = (c, view)
+            self._unread.clear()
 
     # -- connections --------------------------------------------------------------------
 
@@ -205,6 +230,7 @@ class Adaptation:
             raise InvalidArgument(f"plugin {p.name} subscribed to unknown events "
                                   f"0x{events & ~ALL_EVENTS:x}")
         p.events = events
+        await self._read_specs()
         # Joining and the snapshot are one step: see the module docstring.
         self.plugins = sorted([*self.plugins, p], key=lambda q: q.order)
         self._wanted |= events

@@ -26,13 +26,13 @@ the event plumbing (pycri/nri/adaptation.py) so each rule is testable on its own
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
@@ -858,11 +858,9 @@ async def apply_updates(
     failed: list[api.ContainerUpdate] = []
     for u in updates:
         try:
-            c = containers.get(u.container_id)
-            base = pb.LinuxContainerResources()
-            json_format.ParseDict(c.resources, base)
-            res = to_cri_resources(base, u.linux.resources, f"update of container {c.id}")
-            await containers.update_resources(c.id, res)
+            await containers.change_resources(u.container_id, functools.partial(
+                to_cri_resources, r=u.linux.resources,
+                who=f"update of container {u.container_id}"))
         except PycriError as e:
             log.warning("NRI update of container %s failed: %s", u.container_id, e)
             if not u.ignore_failure:

@@ -24,6 +24,7 @@ from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
 from tests.e2e.test_daemon import children
 from tests.e2e.test_sandbox import chain_test_plugin
+from tests.lib.faults import runtime_wrapper
 
 pytestmark = pytest.mark.e2e
 
@@ -32,20 +33,9 @@ ORPHANS_PER_CALL = 10
 CONTAINERS = 16
 UPDATES_PER_CONTAINER = 6
 
-_WRAPPER = """#!/bin/sh
-# runc, counting the calls running at once; every call pycri makes directly (not
-# create or exec, which run under conmon) leaves {orphans} orphans that exit soon after.
-sub=""
-skip=0
-for a in "$@"; do
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  case "$a" in
-    --root|--log|--log-format) skip=1 ;;
-    -*) ;;
-    *) sub="$a"; break ;;
-  esac
-done
-[ "$sub" = exec ] || {{ mkdir "{dir}/running/$$"; ls "{dir}/running" | wc -l >> "{dir}/counts"; }}
+_BODY = """if [ "$sub" != exec ]; then
+  mkdir "{dir}/running/$$"; ls "{dir}/running" | wc -l >> "{dir}/counts"
+fi
 if [ "$sub" != create ] && [ "$sub" != exec ]; then
   i=0
   while [ $i -lt {orphans} ]; do
@@ -58,6 +48,8 @@ rc=$?
 rmdir "{dir}/running/$$" 2>/dev/null
 exit $rc
 """
+_WHAT = ("runc, counting the calls running at once; every call pycri makes directly (not "
+         "create or exec, which run under conmon) leaves orphans that exit soon after.")
 
 
 class Orphans:
@@ -123,7 +115,8 @@ def test_flood_of_child_exits_while_serving(node: Node) -> None:
     (work / "running").mkdir(parents=True)
     with open(node.proc.config, "a") as f:
         f.write(f"[helpers]\nmax_concurrent = {MAX_CONCURRENT}\n")
-    node.add_runtime("flood", _WRAPPER.format(dir=work, orphans=ORPHANS_PER_CALL))
+    node.add_runtime("flood", runtime_wrapper(
+        _WHAT, _BODY.format(dir=work, orphans=ORPHANS_PER_CALL)))
     assert node.proc.proc is not None
     daemon = node.proc.proc.pid
     rt = node.cri.runtime

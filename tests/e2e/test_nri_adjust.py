@@ -7,7 +7,9 @@ other containers' cgroups."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.nri.api import api_pb2 as api
 from tests.e2e.conftest import Node
+from tests.lib.faults import runtime_wrapper
 from tests.lib.nri_plugin import PluginThread
 
 SLEEP = ["sleep", "3600"]
@@ -174,6 +177,40 @@ def test_unsolicited_update_changes_another_containers_cgroup(
     failed = p.update_containers([gone, bad, ignored])
     assert [f.container_id for f in failed] == [gone.container_id, cid]
     assert memory_limit(node, cid) == 96 * MiB
+
+
+def test_updates_at_once_to_one_container_compose(
+    node: Node, plugins: Callable[..., PluginThread],
+) -> None:
+    """Two plugins update one container at once, each a field of its own: both changes
+    stay. The runtime's `update` is slowed down, so the second update arrives while the
+    first is applied: each is computed from the recorded resources under the container's
+    lock, not from what was recorded before the other finished."""
+    work = node.tmp / "slow-update"
+    work.mkdir()
+    node.add_runtime("slowupdate", runtime_wrapper(
+        "runc, each update taking a second longer while the switch file exists",
+        f'if [ "$sub" = update ] && [ -e {work}/slow ]; then sleep 1; fi\n'
+        'exec /usr/sbin/runc "$@"\n'))
+    cfg = node.pod_config("nri-compose")
+    sid = node.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(
+        config=cfg, runtime_handler="slowupdate")).pod_sandbox_id
+    cid = node.run(sid, cfg, "target", SLEEP, linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=64 * MiB, cpu_shares=256)))
+    memory, shares = plugins("memory", "30"), plugins("shares", "31")
+    more_memory = api.ContainerUpdate(container_id=cid)
+    more_memory.linux.resources.memory.limit.value = 96 * MiB
+    more_shares = api.ContainerUpdate(container_id=cid)
+    more_shares.linux.resources.cpu.shares.value = 512
+    (work / "slow").touch()
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(memory.update_containers, [more_memory])
+        time.sleep(0.3)  # the first is in the runtime's update now
+        second = pool.submit(shares.update_containers, [more_shares])
+        assert first.result(30) == [] and second.result(30) == []
+    res = node.status(cid).resources.linux
+    assert (res.memory_limit_in_bytes, res.cpu_shares) == (96 * MiB, 512)
+    assert memory_limit(node, cid) == 96 * MiB and cpu_shares(node, cid) == 512
 
 
 def test_updates_in_replies_reach_the_containers_they_name(

@@ -9,8 +9,10 @@ Synchronize with what exists (also across a restart, and racing a create).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -322,6 +324,62 @@ def test_synchronize_after_restart_sees_what_recovery_found(
     c = next(c for c in after.plugin.synced.containers if c.id == cid)
     assert c.state == api.CONTAINER_RUNNING and list(c.args) == SLEEP
     assert sid in [q.id for q in after.plugin.synced.pods]
+
+
+def test_synchronize_after_restart_waits_for_the_deferred_spec_read(
+        node: Node, plugins: Callable[..., PluginThread]) -> None:
+    """After a restart the recovered containers' specs are read when a plugin first
+    connects, not before serving: one container's config.json is a FIFO here, so the
+    read stays blocked until the test writes it. The restart still answers, RPCs go on
+    during the read, and the plugin's Synchronize, sent once it is read, carries every
+    container: the recovered ones with their specs, one created during the read, none
+    removed during it."""
+    sid, pod = node.run_pod("nri-deferred")
+    held = node.run(sid, pod, "held", SLEEP)
+    gone = node.run(sid, pod, "gone", SLEEP)
+    created = node.create(sid, pod, "created", SLEEP)
+    spec = node.proc.state / "bundles" / held / "config.json"
+    content = spec.read_bytes()
+    spec.unlink()
+    os.mkfifo(spec, 0o600)
+    try:
+        node.restart(signal.SIGKILL)  # nothing reads the FIFO before serving
+        late = plugins("late", "10", sync=False)  # configured; now waits for the read
+        with open(_open_when_read(spec), "wb") as writer:  # its close is the reader's EOF
+            assert node.status(held).state == pb.CONTAINER_RUNNING
+            during = node.run(sid, pod, "during", SLEEP)
+            node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=gone,
+                                                                   timeout=0))
+            node.cri.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=gone))
+            assert "Synchronize" not in late.names()
+            writer.write(content)
+        late.wait_for("Synchronize")
+    finally:
+        spec.unlink(missing_ok=True)
+        spec.write_bytes(content)
+    synced = late.plugin.synced
+    assert synced is not None
+    by_id = {c.id: c for c in synced.containers}
+    listed = {c.id for c in node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers}
+    assert listed == {held, created, during} == set(by_id)
+    assert list(by_id[held].args) == SLEEP and by_id[held].state == api.CONTAINER_RUNNING
+    assert list(by_id[created].args) == SLEEP and list(by_id[during].args) == SLEEP
+    assert sid in [q.id for q in synced.pods]
+
+
+def _open_when_read(fifo: Path, timeout: float = 20.0) -> int:
+    """A writing fd on `fifo` once someone has it open for reading (ENXIO until then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+            continue
+        os.set_blocking(fd, True)
+        return fd
 
 
 def test_no_container_missed_while_a_plugin_synchronizes(

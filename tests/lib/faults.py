@@ -21,9 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-_WRAPPER = """#!/bin/sh
-# A fault-injecting OCI runtime: real {runtime}, unless {dir}/hang-<subcommand> exists.
-sub=""
+_SUBCOMMAND = """sub=""
 skip=0
 for a in "$@"; do
   if [ "$skip" = 1 ]; then skip=0; continue; fi
@@ -33,7 +31,16 @@ for a in "$@"; do
     *) sub="$a"; break ;;
   esac
 done
-if [ -e "{dir}/hang-$sub" ]; then
+"""
+
+
+def runtime_wrapper(what: str, body: str) -> str:
+    """A shell OCI runtime that does `body` (which must end by running the real runtime
+    with "$@") with the subcommand pycri called in $sub, global options skipped."""
+    return f"#!/bin/sh\n# {what}\n{_SUBCOMMAND}{body}"
+
+
+_HANG = """if [ -e "{dir}/hang-$sub" ]; then
   sleep 3600 &
   echo "$$ $!" >> "{dir}/hung"
   wait
@@ -56,7 +63,9 @@ class HangingRuntime:
         self.dir = workdir
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "runtime"
-        self.path.write_text(_WRAPPER.format(dir=self.dir, runtime=runtime))
+        self.path.write_text(runtime_wrapper(
+            f"A fault-injecting OCI runtime: real {runtime}, unless {self.dir}/hang-<subcommand>"
+            " exists.", _HANG.format(dir=self.dir, runtime=runtime)))
         self.path.chmod(0o755)
 
     def hang(self, subcommand: str, after: bool = False) -> None:

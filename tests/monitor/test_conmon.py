@@ -244,3 +244,17 @@ async def test_subreaper_leaves_no_zombie(env: Env) -> None:
     assert result["zombies"] == []
     assert result["exit_code"] == 137
     assert os.path.exists(env.exit_dir / cid)
+
+
+async def test_undo_kills_no_process_once_the_monitor_was_reaped() -> None:
+    """A failed create kills its conmon through the reaper's watch on it: once that has
+    resolved, conmon is reaped and its pid may name another process, left alone."""
+    other = subprocess.Popen(["sleep", "60"])  # whoever has the reaped conmon's pid now
+    try:
+        reaped: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+        reaped.set_result(0)
+        await conmon.kill_monitor(other.pid, reaped, timeout=1.0)
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
