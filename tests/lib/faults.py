@@ -7,6 +7,9 @@ runtime holding a lock would; with `hang("create", after=True)` the real runtime
 does its work first (cgroup, runtime state, `runc init`) and only then hangs.
 Every pid that hung is recorded, so a test can check that pycri killed them all.
 
+`failing_plugin` and `HangingRuntime.fail` fail a CNI ADD or a runtime call once a
+given file exists: so a test can have one fail while the other is known to be in flight.
+
 `DroppingProxy` forwards loopback TCP connections to a registry and cuts each one
 after a given number of response bytes (the registry "dies" mid-pull), so the
 shared registry fixture itself is never disturbed.
@@ -22,7 +25,8 @@ import time
 from pathlib import Path
 
 _WRAPPER = """#!/bin/sh
-# A fault-injecting OCI runtime: real {runtime}, unless {dir}/hang-<subcommand> exists.
+# A fault-injecting OCI runtime: real {runtime}, unless {dir}/hang-<subcommand> or
+# {dir}/fail-<subcommand> exists; {dir}/entered-<subcommand> says a call began.
 sub=""
 skip=0
 for a in "$@"; do
@@ -33,6 +37,14 @@ for a in "$@"; do
     *) sub="$a"; break ;;
   esac
 done
+touch "{dir}/entered-$sub"
+if [ -e "{dir}/fail-$sub" ]; then
+  # Fail once the file named inside exists (at most 30 s later), as a refusing runtime.
+  wait_for=$(cat "{dir}/fail-$sub"); n=0
+  while [ -n "$wait_for" ] && [ ! -e "$wait_for" ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done
+  echo "injected $sub failure" >&2
+  exit 1
+fi
 if [ -e "{dir}/hang-$sub" ]; then
   sleep 3600 &
   echo "$$ $!" >> "{dir}/hung"
@@ -62,10 +74,20 @@ class HangingRuntime:
     def hang(self, subcommand: str, after: bool = False) -> None:
         (self.dir / (f"hang-after-{subcommand}" if after else f"hang-{subcommand}")).touch()
 
+    def fail(self, subcommand: str, once: Path | None = None) -> None:
+        """Make `subcommand` fail (exit 1, "injected <subcommand> failure" on stderr),
+        once `once` exists if given (waiting at most 30 s for it)."""
+        (self.dir / f"fail-{subcommand}").write_text(str(once) if once else "")
+
+    def entered(self, subcommand: str) -> Path:
+        """The file that appears when a `subcommand` call begins."""
+        return self.dir / f"entered-{subcommand}"
+
     def release(self, subcommand: str | None = None) -> None:
-        """Stop hanging `subcommand` (or every one)."""
+        """Stop hanging or failing `subcommand` (or every one)."""
         sub = subcommand or "*"
-        for f in [*self.dir.glob(f"hang-{sub}"), *self.dir.glob(f"hang-after-{sub}")]:
+        for f in [*self.dir.glob(f"hang-{sub}"), *self.dir.glob(f"hang-after-{sub}"),
+                  *self.dir.glob(f"fail-{sub}")]:
             f.unlink(missing_ok=True)
 
     def done_before_hang(self) -> list[str]:
@@ -114,6 +136,19 @@ def hanging_plugin(hang_on: str, pidfile: Path) -> str:
         'if [ "$CNI_COMMAND" = ADD ]; then\n'
         "  exec python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)"
         "[\"prevResult\"]))'\n"
+        "fi\n"
+    )
+
+
+def failing_plugin(once: Path) -> str:
+    """A chained CNI plugin script whose ADD fails (CNI error code 7, "injected ADD
+    failure") once `once` exists (waiting at most 30 s for it); DEL succeeds."""
+    return (
+        "#!/bin/sh\n"
+        'if [ "$CNI_COMMAND" = ADD ]; then\n'
+        f"  n=0; while [ ! -e {once} ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done\n"
+        """  echo '{"cniVersion":"1.0.0","code":7,"msg":"injected ADD failure"}'\n"""
+        "  exit 1\n"
         "fi\n"
     )
 
