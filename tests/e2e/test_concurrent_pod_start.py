@@ -23,12 +23,18 @@ import pytest
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node, leftovers
 from tests.e2e.test_sandbox import chain_test_plugin, host_local_leases
-from tests.lib.faults import HangingRuntime, failing_plugin, hanging_plugin, wait_gone
+from tests.lib.faults import (
+    HangingRuntime,
+    failing_plugin,
+    hang_handler,
+    hanging_plugin,
+    wait_gone,
+)
 from tests.network.helpers import nat_rules_with
 
 pytestmark = pytest.mark.e2e
 
-RUNTIME_TIMEOUT = 20
+RUNTIME_TIMEOUT = 90  # never reached: each hang ends by the undo, not by the limit
 CLIENT_WAIT = 120
 _ID = re.compile(r"\b[0-9a-f]{64}\b")
 
@@ -37,20 +43,10 @@ _ID = re.compile(r"\b[0-9a-f]{64}\b")
 def faulty(node: Node, tmp_path: Path) -> Iterator[HangingRuntime]:
     """Runtime handler "hang" on `node` (switched by the test) and a chained plugin
     "chk" after bridge+portmap, a pass-through until the test rewrites it."""
-    rt = HangingRuntime(tmp_path / "hang-runtime")
-    cfg = node.proc.config
-    cfg.write_text(cfg.read_text()
-                   + f'[runtimes.hang]\npath = "{rt.path}"\ntimeout = {RUNTIME_TIMEOUT}\n')
-    chain_test_plugin(node, "chk", hanging_plugin("NEVER", tmp_path / "unused"))
-    try:
+    with hang_handler(node.proc.config, tmp_path / "hang-runtime", node.tmp / "state",
+                      RUNTIME_TIMEOUT) as rt:
+        chain_test_plugin(node, "chk", hanging_plugin("NEVER", tmp_path / "unused"))
         yield rt
-    finally:
-        rt.release()
-        rt.kill_all()
-        root = node.tmp / "state" / "hang"
-        for d in root.glob("*") if root.exists() else []:
-            subprocess.run(["runc", "--root", str(root), "delete", "--force", d.name],
-                           capture_output=True)
 
 
 def _plugin(node: Node) -> Path:
@@ -91,6 +87,13 @@ def assert_nothing_left(node: Node, ids: set[str] | None = None, served: bool = 
     assert leftovers(node.tmp, ids) == {"netns": [], "mounts": [], "conmon": [], "cgroups": []}
 
 
+def assert_killed(hung: Path) -> None:
+    """The plugin that hung (pids in `hung`) was killed and reaped."""
+    pids = [int(p) for p in hung.read_text().split()] if hung.exists() else []
+    assert pids, "the plugin never hung: the test proves nothing"
+    assert wait_gone(pids, 30) == [], "the cut-off CNI plugin was left running or a zombie"
+
+
 def _retry_runs(node: Node, rt: HangingRuntime, name: str) -> None:
     """With the faults gone, the same pod name runs, and stops and goes cleanly."""
     rt.release()
@@ -128,9 +131,7 @@ def test_infra_failing_while_cni_add_runs_undoes_both(
     err = _failed_run(node, "overlap")
     assert "injected create failure" in (err.details() or ""), err.details()
     assert faulty.entered("create").exists()
-    pids = [int(p) for p in hung.read_text().split()]
-    assert pids, "the plugin never hung: the test proves nothing"
-    assert wait_gone(pids, 30) == [], "the cut-off CNI plugin was left running or a zombie"
+    assert_killed(hung)
     assert_nothing_left(node)
     _retry_runs(node, faulty, "overlap")
 
@@ -155,8 +156,7 @@ def test_run_cancelled_with_both_in_flight_leaves_nothing(
         assert first["outcome"] == "cancelled" and first["records"] == 0, first
         assert faulty.done_before_hang() == [first["id"]]
         assert faulty.left() == [], "the hung runtime of the cancelled create was left"
-        pids = [int(x) for x in hung.read_text().split()]
-        assert wait_gone(pids, 30) == [], "the cancelled CNI plugin was left running"
+        assert_killed(hung)
         assert_nothing_left(node, {first["id"]}, served=False)
         faulty.release()
         _plugin(node).write_text(hanging_plugin("NEVER", node.tmp / "unused"))

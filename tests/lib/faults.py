@@ -20,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _WRAPPER = """#!/bin/sh
@@ -111,6 +113,27 @@ class HangingRuntime:
         for pid in wait_gone(self.hung_pids(), 0):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
+
+
+@contextlib.contextmanager
+def hang_handler(config: Path, workdir: Path, state: Path,
+                 timeout: float) -> Iterator[HangingRuntime]:
+    """Runtime handler "hang" (a HangingRuntime in `workdir`, each call limited to
+    `timeout` s) added to the daemon config `config`; restarting the daemon loads it.
+    Afterwards every switch is lifted, what hung is killed and the runtime state the
+    handler kept (under `state`/hang) is deleted."""
+    rt = HangingRuntime(workdir)
+    config.write_text(config.read_text()
+                      + f'[runtimes.hang]\npath = "{rt.path}"\ntimeout = {timeout}\n')
+    try:
+        yield rt
+    finally:
+        rt.release()
+        rt.kill_all()
+        root = state / "hang"
+        for d in root.glob("*") if root.exists() else []:
+            subprocess.run(["runc", "--root", str(root), "delete", "--force", d.name],
+                           capture_output=True)
 
 
 def wait_gone(pids: list[int], wait: float) -> list[int]:
