@@ -94,8 +94,10 @@ def assert_killed(hung: Path) -> None:
     assert wait_gone(pids, 30) == [], "the cut-off CNI plugin was left running or a zombie"
 
 
-def _retry_runs(node: Node, rt: HangingRuntime, name: str) -> None:
-    """With the faults gone, the same pod name runs, and stops and goes cleanly."""
+def _nothing_left_then_retry(node: Node, rt: HangingRuntime, name: str) -> None:
+    """Nothing is left; with the faults gone, the same pod name runs, and stops and goes
+    cleanly."""
+    assert_nothing_left(node)
     rt.release()
     _plugin(node).write_text(hanging_plugin("NEVER", node.tmp / "unused"))
     sid = _run(node, name)
@@ -117,8 +119,7 @@ def test_cni_add_failing_while_the_infra_is_created_undoes_both(
     assert "injected ADD failure" in (err.details() or "")
     assert faulty.done_before_hang(), "the infra was never in flight: the test proves nothing"
     assert faulty.left() == [], "the hung runtime of the cut-off infra create was left"
-    assert_nothing_left(node)
-    _retry_runs(node, faulty, "overlap")
+    _nothing_left_then_retry(node, faulty, "overlap")
 
 
 def test_infra_failing_while_cni_add_runs_undoes_both(
@@ -132,8 +133,7 @@ def test_infra_failing_while_cni_add_runs_undoes_both(
     assert "injected create failure" in (err.details() or ""), err.details()
     assert faulty.entered("create").exists()
     assert_killed(hung)
-    assert_nothing_left(node)
-    _retry_runs(node, faulty, "overlap")
+    _nothing_left_then_retry(node, faulty, "overlap")
 
 
 def test_run_cancelled_with_both_in_flight_leaves_nothing(
