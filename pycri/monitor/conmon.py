@@ -194,6 +194,7 @@ async def create(
     env = dict(os.environ, _OCI_SYNCPIPE=str(sync_w), _OCI_STARTPIPE=str(start_r))
     conmon_pid = 0
     exited: asyncio.Future[int | None] | None = None  # the reaper's watch on conmon
+    proc: asyncio.subprocess.Process | None = None
     # Until its pid file is read, the daemonized conmon (re-parented to us) must not
     # be swept as an orphan: its pid would be free for reuse before we watch it.
     hold = contextlib.ExitStack()
@@ -236,6 +237,11 @@ async def create(
         init = identity_of(pid)
         return Created(pid=pid, conmon_pid=conmon_pid, start_time=init.start if init else 0)
     except BaseException as e:
+        if proc is not None and not conmon_pid:
+            # Cut off (cancelled) before the pid file was read: the daemonized conmon may
+            # be on its way to `runtime create`. Its parent writes the file, then exits.
+            await asyncio.shield(proc.wait())
+            conmon_pid = read_pid(conmon_pid_file(persist_dir))
         await _undo(cid, bundle, runtime, persist_dir, made_persist, Path(log_path), made_log,
                     conmon_pid, exited)  # fmt: skip
         if isinstance(e, TimeoutError):

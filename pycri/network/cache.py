@@ -10,7 +10,6 @@ fsynced before the plugins run.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from pycri.errors import FailedPrecondition, InvalidArgument
+from pycri.together import in_thread
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 FORMAT = "pycri-cni-cache/v1"
@@ -81,14 +81,14 @@ class ResultCache:
             d.rmdir()
 
     async def write(self, sandbox_id: str, network: str, entry: dict[str, Any]) -> None:
-        await asyncio.to_thread(self._write_sync, sandbox_id, network, entry)
+        await in_thread(self._write_sync, sandbox_id, network, entry)
 
     async def remove(self, sandbox_id: str, network: str) -> None:
-        await asyncio.to_thread(self._remove_sync, sandbox_id, network)
+        await in_thread(self._remove_sync, sandbox_id, network)
 
     async def prune(self, sandbox_id: str) -> None:
         check_id(sandbox_id)
-        await asyncio.to_thread(self._prune_sync, sandbox_id)
+        await in_thread(self._prune_sync, sandbox_id)
 
     def read_all(self, sandbox_id: str) -> list[dict[str, Any]]:
         """Every cached entry of the sandbox; unreadable files raise (never silently leak)."""
@@ -118,7 +118,7 @@ class ResultCache:
 
     async def set_aside(self, sandbox_id: str) -> Path:
         """Move a sandbox's unusable entries out of the way (kept for a person to read)."""
-        return await asyncio.to_thread(self._set_aside_sync, sandbox_id)
+        return await in_thread(self._set_aside_sync, sandbox_id)
 
     def sandboxes(self) -> list[str]:
         """Sandbox ids with cached networks (for garbage collection at startup)."""

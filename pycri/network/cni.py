@@ -27,6 +27,7 @@ from pycri.network import conf
 from pycri.network.cache import CorruptEntry, ResultCache, check_id
 from pycri.network.conf import LOOPBACK_NETWORK, NetworkConfig
 from pycri.network.plugin import CNIPluginError, Invocation, find_plugin, run_plugin
+from pycri.together import all_or_none, all_settled
 
 log = logging.getLogger(__name__)
 
@@ -398,11 +399,17 @@ class CNIManager:
         if self.cache.read_all(pod.sandbox_id):
             raise FailedPrecondition(
                 f"sandbox {pod.sandbox_id} already has CNI state; tear it down first")
-        await self._add_network(LOOPBACK_NETWORK, 0, pod, "lo")
+        results: list[dict[str, Any]] = []
+
+        async def add_pod_network() -> None:
+            results.append(await self._add_network(net, 1, pod, pod.ifname))
+
         try:
-            result = await self._add_network(net, 1, pod, pod.ifname)
+            # `lo` and the pod's interface are independent: both networks at once.
+            await all_or_none(self._add_network(LOOPBACK_NETWORK, 0, pod, "lo"),
+                              add_pod_network())
             try:
-                res = NetworkResult.from_cni(result)
+                res = NetworkResult.from_cni(results[0])
             except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise CNIPluginError(net.plugins[-1]["type"], "ADD",
                                      f"unreadable result: {e!r}") from None
@@ -432,22 +439,28 @@ class CNIManager:
         entries = self.cache.read_all(pod.sandbox_id)
         if not all(isinstance(e.get("seq"), int) for e in entries):
             raise CorruptEntry(f"CNI cache of sandbox {pod.sandbox_id} has an entry without seq")
-        first_error: Exception | None = None
-        for entry in sorted(entries, key=lambda e: e["seq"], reverse=True):
-            net, call = self._del_call(pod, entry)
+        calls = [self._del_call(pod, entry) for entry in entries]
+
+        async def delete(net: NetworkConfig, call: Invocation, entry: dict[str, Any]) -> None:
             try:
                 await self._del_plugins(net, net.plugins, call, entry["runtimeConfig"],
                                         entry.get("result"))
             except Exception as e:
                 log.error("sandbox %s: CNI DEL of network %r failed: %s",
                           pod.sandbox_id, net.name, e)
-                first_error = first_error or e
-                continue
+                raise
             await self.cache.remove(pod.sandbox_id, net.name)
-        if first_error is None:
-            await self.cache.prune(pod.sandbox_id)  # a crash mid-write leaves only a .tmp
-        elif raise_errors:
-            raise first_error
+
+        # The networks are independent (`lo`, the pod's interface): all DELs at once,
+        # each to its end even if another fails.
+        try:
+            await all_settled(*(delete(net, call, entry)
+                                for (net, call), entry in zip(calls, entries, strict=True)))
+        except Exception:
+            if raise_errors:
+                raise
+            return
+        await self.cache.prune(pod.sandbox_id)  # a crash mid-write leaves only a .tmp
 
     async def teardown(self, pod: PodNetwork) -> None:
         """DEL every network the pod joined, with the config and result cached at ADD.

@@ -12,7 +12,6 @@ namespace and no thread-pool worker needs restoring.
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import errno
 import os
@@ -20,6 +19,7 @@ import threading
 from pathlib import Path
 
 from pycri.errors import AlreadyExists, InvalidArgument
+from pycri.together import in_thread
 
 NETNS_RUN_DIR = Path("/run/netns")
 
@@ -109,7 +109,7 @@ async def pin_netns_of(pid: int, name: str, run_dir: Path = NETNS_RUN_DIR) -> Pa
     which no thread of the daemon can enter."""
     _check_name(name)
     path = run_dir / name
-    await asyncio.to_thread(_pin_sync, pid, path)
+    await in_thread(_pin_sync, pid, path)
     return path
 
 
@@ -129,7 +129,7 @@ async def create_netns(name: str, run_dir: Path = NETNS_RUN_DIR) -> Path:
     """
     _check_name(name)
     path = run_dir / name
-    await asyncio.to_thread(_create_sync, path)
+    await in_thread(_create_sync, path)
     return path
 
 
@@ -137,7 +137,7 @@ async def remove_netns(path: Path | str) -> None:
     """Unpin a namespace (unmount + unlink). An absent one is success."""
     p = Path(path)
     _check_name(p.name)
-    await asyncio.to_thread(_remove_sync, p)
+    await in_thread(_remove_sync, p)
 
 
 def list_netns(run_dir: Path = NETNS_RUN_DIR) -> list[str]:

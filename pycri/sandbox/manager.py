@@ -54,6 +54,7 @@ from pycri.recovery import probed
 from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
+from pycri.together import all_or_none, all_settled, in_thread
 
 log = logging.getLogger(__name__)
 
@@ -303,14 +304,24 @@ class SandboxManager:
                 self._save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 await create_netns(f"pycri-{sb.id}")
-        if not sb.host_network:
-            pod_net = self.pod_network(sb)
-            async with step("setting up the pod network (CNI)"):
-                undo.push_async_callback(self.cni.teardown, pod_net)
-                result = await self.cni.setup(pod_net)
-                sb.ips = list(result.ips)
+        # The network and the infra need only the pinned namespace: wired at once.
+        await all_or_none(self._network_up(sb, undo), self._infra_up(sb, undo, idmap))
+
+    async def _network_up(self, sb: Sandbox, undo: AsyncExitStack) -> None:
+        """CNI ADD into the pod's network namespace (none for a host-network pod)."""
+        if sb.host_network:
+            return
+        pod_net = self.pod_network(sb)
+        async with step("setting up the pod network (CNI)"):
+            undo.push_async_callback(self.cni.teardown, pod_net)
+            result = await self.cni.setup(pod_net)
+            sb.ips = list(result.ips)
+
+    async def _infra_up(self, sb: Sandbox, undo: AsyncExitStack, idmap: Idmap | None) -> None:
+        """The infra process: created by conmon, then started."""
+        owner = (idmap.uid, idmap.gid) if idmap else None
         image: spec.ImageConfig | None = None
-        rootfs = pod_dir / "rootfs"
+        rootfs = self.pod_dir(sb.id) / "rootfs"
         if self.cfg.pause_image:
             async with step(f"preparing the pause image {self.cfg.pause_image}"):
                 undo.push_async_callback(self.images.remove_rootfs, sb.id)  # absent is fine
@@ -323,11 +334,11 @@ class SandboxManager:
             if idmap is not None:
                 staging = mounts.rootfs_staging(self.cfg.state, sb.id)
                 undo.callback(mounts.unstage_all, staging)
-                rootfs = await asyncio.to_thread(
+                rootfs = await in_thread(
                     mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
             spec_doc = await asyncio.to_thread(self._infra_spec, sb, rootfs, image)
             created = await self.launcher.create(
-                sb.id, spec_doc, sb.handler, state_dir / "infra.log"
+                sb.id, spec_doc, sb.handler, self.state_dir(sb.id) / "infra.log"
             )
             undo.push_async_callback(self.launcher.delete, sb.id, sb.handler)
             undo.push_async_callback(self._kill_infra, sb)
@@ -351,7 +362,7 @@ class SandboxManager:
             self._save(sb)  # first: a crash during the create leaves it to RemovePodSandbox
             undo.push_async_callback(asyncio.to_thread, podcgroup.remove, sb.cgroup_parent,
                                      sb.id)
-            await asyncio.to_thread(podcgroup.create, sb.cgroup_parent, limits)
+            await in_thread(podcgroup.create, sb.cgroup_parent, limits)
 
     async def _pause_rootfs(
         self, sb: Sandbox, idmap: Idmap | None
@@ -461,13 +472,9 @@ class SandboxManager:
             await self.containers.stop_all(sb.id)
         # Plugins hear of it with the containers stopped and the pod still reachable.
         await self.nri.stop_pod_sandbox(sb)
-        async with step("stopping the infra container"):
-            await self._kill_infra(sb)  # decides on the runtime's state, not the record
-        if not sb.host_network and not sb.network_torn_down:
-            async with step("tearing down the pod network (CNI)"):
-                await self.cni.teardown(self.pod_network(sb))
-            sb.network_torn_down = True
-            self._save(sb)
+        # The infra holds no network of its own (the namespace is pinned): both at once,
+        # and both to their end, so a failed DEL still leaves the infra stopped.
+        await all_settled(self._infra_down(sb), self._network_down(sb))
         if sb.netns:
             async with step("removing the network namespace"):
                 await remove_netns(sb.netns)
@@ -476,6 +483,19 @@ class SandboxManager:
         shm = self.shm_path(sb)
         if shm is not None:
             podfiles.unmount(shm)
+
+    async def _infra_down(self, sb: Sandbox) -> None:
+        async with step("stopping the infra container"):
+            await self._kill_infra(sb)  # decides on the runtime's state, not the record
+
+    async def _network_down(self, sb: Sandbox) -> None:
+        """CNI DEL, once: a failure fails the Stop and a later Stop runs it again."""
+        if sb.host_network or sb.network_torn_down:
+            return
+        async with step("tearing down the pod network (CNI)"):
+            await self.cni.teardown(self.pod_network(sb))
+        sb.network_torn_down = True
+        self._save(sb)
 
     async def remove(self, sid: str) -> None:
         """Stop if needed, then remove containers, infra, files and the record."""

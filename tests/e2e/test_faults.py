@@ -23,7 +23,13 @@ from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
 from tests.e2e.test_sandbox import chain_test_plugin, host_local_leases
 from tests.lib import images
-from tests.lib.faults import DroppingProxy, HangingRuntime, hanging_plugin, wait_gone
+from tests.lib.faults import (
+    DroppingProxy,
+    HangingRuntime,
+    hang_handler,
+    hanging_plugin,
+    wait_gone,
+)
 from tests.lib.registry import Registry
 from tests.network.helpers import nat_rules_with
 
@@ -47,20 +53,10 @@ def _rpc_error(call: object, *args: object) -> grpc.RpcError:
 @pytest.fixture
 def hang(node: Node, tmp_path: Path) -> Iterator[HangingRuntime]:
     """Runtime handler "hang" on `node`: runc, hanging on the subcommands switched on."""
-    rt = HangingRuntime(tmp_path / "hang-runtime")
-    cfg = node.proc.config
-    cfg.write_text(cfg.read_text()
-                   + f'[runtimes.hang]\npath = "{rt.path}"\ntimeout = {RUNTIME_TIMEOUT}\n')
-    node.restart()
-    try:
+    with hang_handler(node.proc.config, tmp_path / "hang-runtime", node.tmp / "state",
+                      RUNTIME_TIMEOUT) as rt:
+        node.restart()
         yield rt
-    finally:
-        rt.release()
-        rt.kill_all()
-        root = node.tmp / "state" / "hang"
-        for d in root.glob("*") if root.exists() else []:
-            subprocess.run(["runc", "--root", str(root), "delete", "--force", d.name],
-                           capture_output=True)
 
 
 def _hang_pod(node: Node, name: str) -> tuple[str, pb.PodSandboxConfig]:

@@ -7,6 +7,9 @@ runtime holding a lock would; with `hang("create", after=True)` the real runtime
 does its work first (cgroup, runtime state, `runc init`) and only then hangs.
 Every pid that hung is recorded, so a test can check that pycri killed them all.
 
+`failing_plugin` and `HangingRuntime.fail` fail a CNI ADD or a runtime call once a
+given file exists: so a test can have one fail while the other is known to be in flight.
+
 `DroppingProxy` forwards loopback TCP connections to a registry and cuts each one
 after a given number of response bytes (the registry "dies" mid-pull), so the
 shared registry fixture itself is never disturbed.
@@ -17,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 _SUBCOMMAND = """sub=""
@@ -40,7 +45,15 @@ def runtime_wrapper(what: str, body: str) -> str:
     return f"#!/bin/sh\n# {what}\n{_SUBCOMMAND}{body}"
 
 
-_HANG = """if [ -e "{dir}/hang-$sub" ]; then
+_HANG = """touch "{dir}/entered-$sub"
+if [ -e "{dir}/fail-$sub" ]; then
+  # Fail once the file named inside exists (at most 30 s later), as a refusing runtime.
+  wait_for=$(cat "{dir}/fail-$sub"); n=0
+  while [ -n "$wait_for" ] && [ ! -e "$wait_for" ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done
+  echo "injected $sub failure" >&2
+  exit 1
+fi
+if [ -e "{dir}/hang-$sub" ]; then
   sleep 3600 &
   echo "$$ $!" >> "{dir}/hung"
   wait
@@ -65,16 +78,27 @@ class HangingRuntime:
         self.path = self.dir / "runtime"
         self.path.write_text(runtime_wrapper(
             f"A fault-injecting OCI runtime: real {runtime}, unless {self.dir}/hang-<subcommand>"
-            " exists.", _HANG.format(dir=self.dir, runtime=runtime)))
+            " or fail-<subcommand> exists; entered-<subcommand> says a call began.",
+            _HANG.format(dir=self.dir, runtime=runtime)))
         self.path.chmod(0o755)
 
     def hang(self, subcommand: str, after: bool = False) -> None:
         (self.dir / (f"hang-after-{subcommand}" if after else f"hang-{subcommand}")).touch()
 
+    def fail(self, subcommand: str, once: Path | None = None) -> None:
+        """Make `subcommand` fail (exit 1, "injected <subcommand> failure" on stderr),
+        once `once` exists if given (waiting at most 30 s for it)."""
+        (self.dir / f"fail-{subcommand}").write_text(str(once) if once else "")
+
+    def entered(self, subcommand: str) -> Path:
+        """The file that appears when a `subcommand` call begins."""
+        return self.dir / f"entered-{subcommand}"
+
     def release(self, subcommand: str | None = None) -> None:
-        """Stop hanging `subcommand` (or every one)."""
+        """Stop hanging or failing `subcommand` (or every one)."""
         sub = subcommand or "*"
-        for f in [*self.dir.glob(f"hang-{sub}"), *self.dir.glob(f"hang-after-{sub}")]:
+        for f in [*self.dir.glob(f"hang-{sub}"), *self.dir.glob(f"hang-after-{sub}"),
+                  *self.dir.glob(f"fail-{sub}")]:
             f.unlink(missing_ok=True)
 
     def done_before_hang(self) -> list[str]:
@@ -100,6 +124,27 @@ class HangingRuntime:
                 os.kill(pid, 9)
 
 
+@contextlib.contextmanager
+def hang_handler(config: Path, workdir: Path, state: Path,
+                 timeout: float) -> Iterator[HangingRuntime]:
+    """Runtime handler "hang" (a HangingRuntime in `workdir`, each call limited to
+    `timeout` s) added to the daemon config `config`; restarting the daemon loads it.
+    Afterwards every switch is lifted, what hung is killed and the runtime state the
+    handler kept (under `state`/hang) is deleted."""
+    rt = HangingRuntime(workdir)
+    config.write_text(config.read_text()
+                      + f'[runtimes.hang]\npath = "{rt.path}"\ntimeout = {timeout}\n')
+    try:
+        yield rt
+    finally:
+        rt.release()
+        rt.kill_all()
+        root = state / "hang"
+        for d in root.glob("*") if root.exists() else []:
+            subprocess.run(["runc", "--root", str(root), "delete", "--force", d.name],
+                           capture_output=True)
+
+
 def wait_gone(pids: list[int], wait: float) -> list[int]:
     """The `pids` still in /proc (alive or zombie) after up to `wait` seconds."""
     deadline = time.monotonic() + wait
@@ -123,6 +168,19 @@ def hanging_plugin(hang_on: str, pidfile: Path) -> str:
         'if [ "$CNI_COMMAND" = ADD ]; then\n'
         "  exec python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)"
         "[\"prevResult\"]))'\n"
+        "fi\n"
+    )
+
+
+def failing_plugin(once: Path) -> str:
+    """A chained CNI plugin script whose ADD fails (CNI error code 7, "injected ADD
+    failure") once `once` exists (waiting at most 30 s for it); DEL succeeds."""
+    return (
+        "#!/bin/sh\n"
+        'if [ "$CNI_COMMAND" = ADD ]; then\n'
+        f"  n=0; while [ ! -e {once} ] && [ $n -lt 300 ]; do sleep 0.1; n=$((n+1)); done\n"
+        """  echo '{"cniVersion":"1.0.0","code":7,"msg":"injected ADD failure"}'\n"""
+        "  exit 1\n"
         "fi\n"
     )
 
