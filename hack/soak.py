@@ -65,7 +65,7 @@ from tests.lib.registry import Registry
 # One network per run (two soaks at once must not share a bridge or a subnet).
 RUN = os.getpid() % 250
 BRIDGE = f"pcchaos{RUN}"
-SUBNET = f"10.86.{RUN}.0/24"
+SUBNET = f"10.87.{RUN % 16 * 16}.0/20"  # 4,094 addresses: room for --base-pods
 NETWORK = f"pycri-chaos-{RUN}"
 RPC_TIMEOUT = 60.0
 LABEL = "soak-client"
