@@ -724,7 +724,7 @@ def main() -> int:
                     "load) finish too")
     ap.add_argument("--long-share", type=float, default=0.35)
     ap.add_argument("--pace", action="store_true",
-                    help="instead, spread the kills over --minutes: each gap is uniform around "
+                    help="spread the other kills over --minutes: each gap is uniform around "
                     "the mean that fits the kills left into the time left (less what a restart "
                     "and its check took so far), the mean kept within --gap")
     ap.add_argument("--seed", type=int, default=1)
@@ -768,14 +768,15 @@ def main() -> int:
             c.start()
         slept = 0.0
         while kills < args.kills and time.monotonic() < end and not stop.is_set():
-            if args.pace:
+            if rng.random() < args.long_share:  # slow calls (RunPodSandbox) finish too
+                gap = rng.uniform(*args.long_gap)
+            elif args.pace:
                 overhead = (time.monotonic() - t0 - slept) / kills if kills else 2.0
                 mean = (end - time.monotonic()) / (args.kills - kills) - overhead
                 mean = min(max(mean, args.gap[0]), args.gap[1])
                 gap = rng.uniform(0.5 * mean, 1.5 * mean)
             else:
-                gap = rng.uniform(*(args.long_gap if rng.random() < args.long_share
-                                    else args.gap))
+                gap = rng.uniform(*args.gap)
             time.sleep(gap)
             slept += gap
             kills += 1
