@@ -17,7 +17,14 @@ Objects whose call was cut short may or may not exist; each client then removes
 its unknown and in-doubt objects (they must be removable) and goes on. After
 `--kills` kills (or `--minutes`) everything is removed, the daemon is stopped
 and the leftovers are counted (hack/soak_leaks.py). Exit status 1 on any loss,
-unexpected error or leak.
+unexpected error, hang or leak.
+
+`--base-pods N` keeps N more pods (one long-running container each) on the node
+for the whole run, so that every restart has a node's worth of records to serve
+and recheck; each must stay READY with its container RUNNING. A restart whose
+socket does not answer Version within `--hang-after` seconds is a hang: py-spy's
+native dump of the stuck daemon and its log tail go to `<work>/hang-<n>.txt` and
+the run stops (the daemon is then killed and restarted to remove everything).
 
     .venv/bin/python hack/soak.py --kills 1000 --json /var/tmp/chaos/result.json
 """
@@ -37,7 +44,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,10 +65,11 @@ from tests.lib.registry import Registry
 # One network per run (two soaks at once must not share a bridge or a subnet).
 RUN = os.getpid() % 250
 BRIDGE = f"pcchaos{RUN}"
-SUBNET = f"10.86.{RUN}.0/24"
+SUBNET = f"10.87.{RUN % 16 * 16}.0/20"  # 4,094 addresses: room for --base-pods
 NETWORK = f"pycri-chaos-{RUN}"
 RPC_TIMEOUT = 60.0
 LABEL = "soak-client"
+BASE_LABEL = "soak-base"  # the standing pods of --base-pods
 EXTRA_BYTES = 8 << 20  # an incompressible layer: pulls of it take long enough to be cut
 
 
@@ -78,6 +87,10 @@ def conflist(ipam: Path) -> str:
 
 class Interrupted(Exception):
     """The call was cut short by a kill: its effect is unknown."""
+
+
+class Hang(Exception):
+    """A restarted daemon whose socket did not answer Version in time."""
 
 
 class Gate:
@@ -159,7 +172,10 @@ class Stats:
     inflight: dict[int, str] = field(default_factory=dict)
     kills_in_rpc: int = 0
     killed_rpcs: Counter[str] = field(default_factory=Counter)
-    restart_s: list[float] = field(default_factory=list)
+    restart_s: list[float] = field(default_factory=list)  # exec to Version answered
+    live_pods: list[int] = field(default_factory=list)  # READY pods listed after each restart
+    loadavg: list[float] = field(default_factory=list)  # 1-min load average at each restart
+    hangs: list[str] = field(default_factory=list)  # the dump file of each hang
     orphans_removed: int = 0
     crashes: int = 0  # the daemon failed to come up
     seen_ids: set[str] = field(default_factory=set)
@@ -461,6 +477,55 @@ class Soak:
         self.gate = Gate(args.clients)
         self.stats = Stats()
         self.clients = [Client(i, self) for i in range(args.clients)]
+        self.hang_after = args.hang_after
+        self.base: dict[str, str] = {}  # standing pod ID -> its container's ID
+
+    def parallel(self, fn: Callable[[CRIClient, Any], None], items: Iterable[Any],
+                 workers: int) -> None:
+        """fn(client, item) for every item, `workers` at a time, each with its own channel."""
+        local = threading.local()
+        channels: list[grpc.Channel] = []
+
+        def run(item: Any) -> None:
+            if not hasattr(local, "cri"):
+                local.cri = self.proc.client()
+                channels.append(local.cri.channel)
+            fn(local.cri, item)
+
+        try:
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run, items))
+        finally:
+            for ch in channels:
+                ch.close()
+
+    def add_base_pods(self, n: int, workers: int) -> None:
+        """The node's standing load: n pods with one long-running container each."""
+        lock = threading.Lock()
+
+        def one(cri: CRIClient, i: int) -> None:
+            name = f"base-{i}"
+            cfg = pb.PodSandboxConfig(
+                metadata=pb.PodSandboxMetadata(name=name, namespace="chaos", uid=f"u-{name}"),
+                labels={BASE_LABEL: "1"}, log_directory=str(self.work / "logs" / name))
+            sid = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg),
+                                            timeout=RPC_TIMEOUT).pod_sandbox_id
+            ccfg = pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name="sleep"), labels={BASE_LABEL: "1"},
+                image=pb.ImageSpec(image=self.image), command=["sleep", "100000"],
+                log_path="sleep.log")
+            cid = cri.runtime.CreateContainer(pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=ccfg, sandbox_config=cfg),
+                timeout=RPC_TIMEOUT).container_id
+            cri.runtime.StartContainer(pb.StartContainerRequest(container_id=cid),
+                                       timeout=RPC_TIMEOUT)
+            with lock:
+                self.base[sid] = cid
+                self.stats.seen_ids.update((sid, cid))
+                if len(self.base) % 50 == 0:
+                    print(f"  {len(self.base)} standing pods", flush=True)
+
+        self.parallel(one, range(n), workers)
 
     def kill_and_restart(self) -> None:
         self.gate.close()
@@ -473,26 +538,64 @@ class Soak:
         # The dead daemon's socket file would make the readiness probe back off for a
         # second; the daemon removes a stale socket itself, so this only speeds the probe.
         self.proc.socket.unlink(missing_ok=True)
-        t0 = time.monotonic()
-        self.start()
-        self.stats.restart_s.append(time.monotonic() - t0)
+        self.stats.restart_s.append(self.start())
+        self.stats.loadavg.append(os.getloadavg()[0])
         if not self.gate.wait_parked(RPC_TIMEOUT * 2):
             self.stats.error("clients did not park within the deadline after a kill")
         self.check()
         self.gate.open()
 
-    def start(self) -> None:
-        """Start the daemon (returns once the CRI socket accepts); a daemon that does not
-        come up is a crash: counted, its log tail shown, and tried twice more."""
+    def start(self, bound: float | None = None) -> float:
+        """Start the daemon; returns the seconds from exec until Version answered. A daemon
+        that exits first is a crash: counted, its log tail shown, and tried twice more. One
+        that does not answer within `bound` (--hang-after) is a hang: dumped, then Hang."""
+        bound = bound or self.hang_after
         for attempt in range(3):
-            try:
-                self.proc.start()
-                return
-            except RuntimeError as e:
-                tail = "\n".join(str(e).splitlines()[-15:])
-                self.stats.error(f"the daemon did not start (attempt {attempt + 1}):\n{tail}")
-                self.stats.crashes += 1
+            t0 = time.monotonic()
+            with open(self.proc.log, "ab") as log:
+                self.proc.proc = subprocess.Popen(self.proc.argv(), stdout=log,
+                                                  stderr=subprocess.STDOUT)
+            while self.proc.proc.poll() is None:
+                if self.answers_version():
+                    return time.monotonic() - t0
+                if time.monotonic() - t0 > bound:
+                    raise Hang(self.dump_hang(time.monotonic() - t0))
+                time.sleep(0.02)
+            tail = "\n".join(self.proc.log_text().splitlines()[-15:])
+            self.stats.error(f"the daemon exited {self.proc.proc.returncode} at start "
+                             f"(attempt {attempt + 1}):\n{tail}")
+            self.stats.crashes += 1
         raise SystemExit("the daemon does not start any more; giving up")
+
+    def answers_version(self) -> bool:
+        if not self.proc.socket.exists():
+            return False
+        cri = self.proc.client()
+        try:
+            cri.runtime.Version(pb.VersionRequest(), timeout=1.0)
+            return True
+        except grpc.RpcError:
+            return False
+        finally:
+            cri.channel.close()
+
+    def dump_hang(self, waited: float) -> str:
+        """py-spy's native stacks of the stuck daemon and its log tail, in a file."""
+        assert self.proc.proc is not None
+        out = self.work / f"hang-{len(self.stats.hangs) + 1}.txt"
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        try:
+            dump = subprocess.run([spy, "dump", "--native", "--pid", str(self.proc.proc.pid)],
+                                  capture_output=True, text=True, timeout=120)
+            stacks = dump.stdout + dump.stderr
+        except (OSError, subprocess.TimeoutExpired) as e:
+            stacks = f"py-spy failed: {e}"
+        tail = "\n".join(self.proc.log_text().splitlines()[-300:])
+        out.write_text(f"pid {self.proc.proc.pid}: no Version answer after {waited:.1f}s "
+                       f"(load {os.getloadavg()})\n\n{stacks}\n--- log tail ---\n{tail}\n")
+        self.stats.hangs.append(str(out))
+        print(f"  HANG after {waited:.1f}s: {out}", flush=True)
+        return str(out)
 
     def check(self) -> None:
         """Every client's ledger against what the restarted daemon lists."""
@@ -501,6 +604,11 @@ class Soak:
         self.stats.seen_ids.update(ctrs)
         bad = [f"container {cid[:12]} is in pod {sid[:12]}, which is gone"
                for cid, sid in owners.items() if sid not in pods]
+        self.stats.live_pods.append(sum(s == pb.SANDBOX_READY for s in pods.values()))
+        for sid, cid in self.base.items():
+            if pods.get(sid) != pb.SANDBOX_READY or ctrs.get(cid) != pb.CONTAINER_RUNNING:
+                bad.append(f"standing pod {sid[:12]} is {pods.get(sid)}, its container "
+                           f"{ctrs.get(cid)}")
         for client in self.clients:
             bad += client.check(pods, ctrs)
         for msg in bad:
@@ -523,12 +631,9 @@ class Soak:
     def remove_all(self) -> None:
         cri = self.proc.client()
         try:
-            for p in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
-                self.stats.seen_ids.add(p.id)
-                cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id),
-                                           timeout=RPC_TIMEOUT)
-                cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id),
-                                             timeout=RPC_TIMEOUT)
+            pods = cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+            self.stats.seen_ids.update(p.id for p in pods)
+            self.parallel(remove_pod, [p.id for p in pods], len(self.clients))
             if self.extra_image:  # its blobs and layers must all go
                 cri.image.RemoveImage(pb.RemoveImageRequest(
                     image=pb.ImageSpec(image=self.extra_image)), timeout=RPC_TIMEOUT)
@@ -540,9 +645,20 @@ class Soak:
             cri.channel.close()
 
 
+def remove_pod(cri: CRIClient, sid: str) -> None:
+    cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid), timeout=RPC_TIMEOUT)
+    cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid),
+                                 timeout=RPC_TIMEOUT)
+
+
+def pct(xs: list[float], q: float) -> float:
+    """The q-quantile of xs (nearest rank)."""
+    r = sorted(xs) or [0.0]
+    return round(r[max(0, min(len(r) - 1, int(len(r) * q + 0.5) - 1))], 3)
+
+
 def summary(soak: Soak, kills: int, seconds: float, left: dict[str, list[str]]) -> dict[str, Any]:
     st = soak.stats
-    r = sorted(st.restart_s) or [0.0]
     return {
         "kills": kills,
         "kills_inside_rpcs": st.kills_in_rpc,
@@ -552,9 +668,13 @@ def summary(soak: Soak, kills: int, seconds: float, left: dict[str, list[str]]) 
         "rpcs_ok_total": sum(st.ok.values()),
         "rpcs_cut_short": dict(sorted(st.interrupted.items())),
         "rpcs_in_flight_at_kills": dict(sorted(st.killed_rpcs.items())),
-        "restart_seconds": {"median": round(statistics.median(r), 3),
-                            "p95": round(r[int(len(r) * 0.95) - 1 if len(r) > 1 else 0], 3),
-                            "max": round(r[-1], 3)},
+        "restart_seconds": {"median": pct(st.restart_s, 0.5), "p95": pct(st.restart_s, 0.95),
+                            "p99": pct(st.restart_s, 0.99), "max": pct(st.restart_s, 1.0)},
+        "standing_pods": len(soak.base),
+        "live_pods": {"min": min(st.live_pods, default=0), "max": max(st.live_pods, default=0)},
+        "loadavg_1min": {"min": min(st.loadavg, default=0.0), "median": pct(st.loadavg, 0.5),
+                         "max": max(st.loadavg, default=0.0)},
+        "hangs": st.hangs,
         "orphans_removed": st.orphans_removed,
         "daemon_start_failures": st.crashes,
         "losses": len(st.losses),
@@ -574,8 +694,7 @@ def cleanup(work: Path) -> int:
     cri = proc.client()
     try:
         for p in cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:
-            cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=p.id))
-            cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=p.id))
+            remove_pod(cri, p.id)
     finally:
         cri.channel.close()
         proc.stop()
@@ -594,12 +713,20 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0, help="…or after this long")
     ap.add_argument("--clients", type=int, default=4, help="parallel churning clients")
     ap.add_argument("--pods-per-client", type=int, default=2)
+    ap.add_argument("--base-pods", type=int, default=0,
+                    help="standing pods (one long-running container each) kept all along")
+    ap.add_argument("--hang-after", type=float, default=30.0, metavar="S",
+                    help="a restart whose socket does not answer Version by then is a hang")
     ap.add_argument("--gap", type=float, nargs=2, default=(0.2, 1.0), metavar=("MIN", "MAX"),
                     help="seconds between kills (uniform)")
     ap.add_argument("--long-gap", type=float, nargs=2, default=(1.5, 4.0), metavar=("MIN", "MAX"),
                     help="…for this share of the kills, so slow calls (RunPodSandbox under "
                     "load) finish too")
     ap.add_argument("--long-share", type=float, default=0.35)
+    ap.add_argument("--pace", action="store_true",
+                    help="spread the other kills over --minutes: each gap is uniform around "
+                    "the mean that fits the kills left into the time left (less what a restart "
+                    "and its check took so far), the mean kept within --gap")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", type=Path, help="also write the summary here")
     ap.add_argument("--keep", action="store_true", help="keep the work dir even if clean")
@@ -621,34 +748,57 @@ def main() -> int:
                                   [images.ImageSpec(layers=[[noise]])])
     soak = Soak(work, image, extra, args)
     print(f"work dir {work}, image {image}", flush=True)
-    soak.start()
-    cri = soak.proc.client()
-    cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)))
-    cri.channel.close()
     stop = threading.Event()  # SIGTERM ends the run early, cleanly: remove all, count
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     kills = 0
     left: dict[str, list[str]] = {}
-    t0 = time.monotonic()
-    end = t0 + args.minutes * 60
     try:
+        soak.start(bound=120.0)  # the first start, on an empty node, is not a restart
+        cri = soak.proc.client()
+        cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=image)))
+        cri.channel.close()
+        if args.base_pods:
+            t_base = time.monotonic()
+            soak.add_base_pods(args.base_pods, args.clients)
+            print(f"{args.base_pods} standing pods in {time.monotonic() - t_base:.0f}s",
+                  flush=True)
+        t0 = time.monotonic()
+        end = t0 + args.minutes * 60
         for c in soak.clients:
             c.start()
+        slept = 0.0
         while kills < args.kills and time.monotonic() < end and not stop.is_set():
-            time.sleep(rng.uniform(*(args.long_gap if rng.random() < args.long_share
-                                     else args.gap)))
-            soak.kill_and_restart()
+            if rng.random() < args.long_share:  # slow calls (RunPodSandbox) finish too
+                gap = rng.uniform(*args.long_gap)
+            elif args.pace:
+                overhead = (time.monotonic() - t0 - slept) / kills if kills else 2.0
+                mean = (end - time.monotonic()) / (args.kills - kills) - overhead
+                mean = min(max(mean, args.gap[0]), args.gap[1])
+                gap = rng.uniform(0.5 * mean, 1.5 * mean)
+            else:
+                gap = rng.uniform(*args.gap)
+            time.sleep(gap)
+            slept += gap
             kills += 1
+            try:
+                soak.kill_and_restart()
+            except Hang:
+                break
             if kills % 25 == 0:
                 st = soak.stats
                 print(f"{kills} kills, {time.monotonic() - t0:.0f}s, {sum(st.ok.values())} "
                       f"RPCs ok, {st.kills_in_rpc} kills inside RPCs, losses "
                       f"{len(st.losses)}, errors {len(st.errors)}, restart median "
-                      f"{statistics.median(st.restart_s):.2f}s", flush=True)
+                      f"{statistics.median(st.restart_s):.2f}s max {max(st.restart_s):.2f}s, "
+                      f"live pods {st.live_pods[-1]}, load {st.loadavg[-1]:.1f}", flush=True)
         soak.gate.stop()
         for c in soak.clients:
             c.join(RPC_TIMEOUT * 2)
         seconds = time.monotonic() - t0
+        if soak.stats.hangs:  # dumped already: kill the stuck daemon, start one to clean up
+            soak.proc.kill()
+            soak.proc.socket.unlink(missing_ok=True)
+            soak.start(bound=600.0)
         soak.remove_all()
     finally:
         soak.proc.stop()
@@ -660,7 +810,7 @@ def main() -> int:
     print(json.dumps(result, indent=2), flush=True)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
-    bad = result["leaks"] or result["losses"] or result["errors"]
+    bad = result["leaks"] or result["losses"] or result["errors"] or result["hangs"]
     if not bad and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if bad else 0
