@@ -129,7 +129,7 @@ class Records:
                       created_at=time.time_ns(), log_path="", state=state, pid=pid,
                       started_at=time.time_ns(), cgroups_path=f"/{cgroup}",
                       resources={"memory_limit_in_bytes": str(64 * MiB)})
-        self.containers.containers[c.id] = c
+        self.containers._keep(c)  # as a create records it: by id and in its pod's index
         return c
 
     def writable_layer(self, c: Container, size: int) -> int:
