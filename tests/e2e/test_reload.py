@@ -3,6 +3,7 @@ running pods and containers untouched (pycri/reload.py, Daemon.reload)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -247,22 +248,23 @@ def test_sighup_reloads_cdi_dirs_and_checkpoint_settings(node: Node) -> None:
         node.create(sid, pod, "before", SLEEP, CDI_devices=dev)
     assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     cid = node.run(sid, pod, "sleeper", SLEEP)
-    # Asked once with the default criu: the answer is cached...
-    ckpt = pb.CheckpointContainerRequest(container_id=cid, location=str(node.tmp / "c.tar"))
-    with pytest.raises(grpc.RpcError) as exc:
-        node.cri.runtime.CheckpointContainer(ckpt)
-    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    # Asked once with the node's criu: its probe's answer is cached...
+    archives = node.tmp / "archives"
+    first = pb.CheckpointContainerRequest(container_id=cid, location=str(archives / "1.tar"))
+    with contextlib.suppress(grpc.RpcError):  # FailedPrecondition where that criu can't work
+        node.cri.runtime.CheckpointContainer(first)
 
     spec_dir, missing = node.tmp / "cdi-reloaded", node.tmp / "no-criu"
     spec_dir.mkdir()
     (node.tmp / "cdi-data").mkdir()
     (spec_dir / "null.json").write_text(json.dumps(cdi_spec(node.tmp / "cdi-data")))
-    line = _reload(node, f'{base}[cdi]\nspec_dirs = ["{spec_dir}"]\n'
-                   f'[checkpoint]\ncriu = "{missing}"\n', "config reloaded: ")
+    other_criu = re.sub(r'(?m)^criu = .*$', f'criu = "{missing}"', base)
+    line = _reload(node, f'{other_criu}[cdi]\nspec_dirs = ["{spec_dir}"]\n', "config reloaded: ")
     assert line.endswith("config reloaded: cdi.spec_dirs, checkpoint.criu"), line
     # ...and asked again after the reload, with the new binary.
+    second = pb.CheckpointContainerRequest(container_id=cid, location=str(archives / "2.tar"))
     with pytest.raises(grpc.RpcError) as exc:
-        node.cri.runtime.CheckpointContainer(ckpt)
+        node.cri.runtime.CheckpointContainer(second)
     assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert f"the criu binary {missing} is not there" in (exc.value.details() or "")
     # The next create finds the device in the reloaded spec dir.
