@@ -24,9 +24,10 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from google.protobuf import json_format
+from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint import archive
@@ -43,21 +44,28 @@ FORMAT_VERSION = 1  # of pycri.container.json and pod.options
 # writes the first, CRI-O's buildah recipe the second).
 CHECKPOINT_ANNOTATIONS = ("org.criu.checkpoint.container.name",
                           "io.kubernetes.cri-o.annotations.checkpoint.name")
+M = TypeVar("M", bound=Message)
 
 
 def _rfc3339(ns: int) -> str:
     return datetime.fromtimestamp(ns / 1e9, UTC).isoformat().replace("+00:00", "Z")
 
 
+def _parsed(doc: Any, message: M, what: str) -> M:
+    """`message` filled from the archived JSON `doc`; InvalidArgument naming `what`."""
+    try:
+        json_format.ParseDict(doc or {}, message)
+    except (json_format.ParseError, TypeError, AttributeError) as e:
+        raise InvalidArgument(f"{what} is unreadable: {e}") from None
+    return message
+
+
 def restored_config(dump: dict[str, Any], request: pb.ContainerConfig) -> pb.ContainerConfig:
     """What a restored container is: the checkpointed container's config (its process,
     mounts, image: CRIU restores exactly that), named and labelled as the request says
     (the kubelet's metadata, labels, annotations and log path for the new pod)."""
-    config = pb.ContainerConfig()
-    try:
-        json_format.ParseDict(dump.get("config") or {}, config)
-    except (json_format.ParseError, TypeError, AttributeError) as e:
-        raise InvalidArgument(f"image: the archive's container config is unreadable: {e}") from None
+    config = _parsed(dump.get("config"), pb.ContainerConfig(),
+                     "image: the archive's container config")
     if request.metadata.name:
         config.metadata.CopyFrom(request.metadata)
     if request.log_path:
@@ -307,12 +315,8 @@ class CheckpointManager:
                 isinstance(v, str) and v.isalnum() for v in members.values()):
             raise InvalidArgument(f"checkpoint_path: {archive.POD_OPTIONS} names no containers")
         if not config.metadata.name:
-            config = pb.PodSandboxConfig()
-            try:
-                json_format.ParseDict(pod.get("config") or {}, config)
-            except (json_format.ParseError, TypeError, AttributeError) as e:
-                raise InvalidArgument(f"checkpoint_path: the pod config is unreadable: "
-                                      f"{e}") from None
+            config = _parsed(pod.get("config"), pb.PodSandboxConfig(),
+                             "checkpoint_path: the pod config")
             check_request(pb.RunPodSandboxRequest(config=config))
         handler = runtime_handler or str(pod.get("handler", ""))
         return config, handler, members

@@ -171,12 +171,16 @@ class OCIRuntime:
 
     async def start(self, cid: str) -> None:
         """Run the user process of a created container."""
+        await self._act("start", cid)
+
+    async def _act(self, action: str, cid: str) -> None:
+        """`<runtime> action cid`: NotFound if the runtime does not know the container."""
         check_id(cid)
-        rc, _, err = await self.run(["start", cid])
+        rc, _, err = await self.run([action, cid])
         if rc != 0:
             if self._absent(cid):
-                raise NotFound(f"{self.name} start {cid}: the runtime does not know it")
-            raise runtime_failure(self.name, "start", cid, err)
+                raise NotFound(f"{self.name} {action} {cid}: the runtime does not know it")
+            raise runtime_failure(self.name, action, cid, err)
 
     async def kill(self, cid: str, sig: int = _signal.SIGTERM, all_processes: bool = False) -> None:
         """Signal the container; a container already stopped or gone is not an error."""
@@ -218,13 +222,7 @@ class OCIRuntime:
 
     async def pause(self, cid: str, resume: bool = False) -> None:
         """Freeze every process of the container (its cgroup's freezer), or thaw them."""
-        check_id(cid)
-        action = "resume" if resume else "pause"
-        rc, _, err = await self.run([action, cid])
-        if rc != 0:
-            if self._absent(cid):
-                raise NotFound(f"{self.name} {action} {cid}: the runtime does not know it")
-            raise runtime_failure(self.name, action, cid, err)
+        await self._act("resume" if resume else "pause", cid)
 
     def criu_options(self, criu: str) -> list[str]:
         """Global options naming the criu binary: runc takes `--criu`; crun links libcriu
