@@ -3,7 +3,8 @@
 RunPodSandbox wires the network (CNI ADD) while it creates the infra process, and
 StopPodSandbox tears the network down (CNI DEL) while the infra is killed: each pair
 needs only the pinned network namespace, so the call takes the longer of the two
-instead of their sum. Callers keep one undo stack; each step pushes its own undo
+instead of their sum (RunPodSandbox lets a started ADD finish even when the infra
+fails: `sparing`). Callers keep one undo stack; each step pushes its own undo
 before it acts, so whatever ran of either is undone whichever fails. A step cut
 off there must not go on behind the undo's back: `in_thread` runs the worker-thread
 parts (mounts, namespaces, cache files) so that a cancel waits for them to end.
@@ -30,6 +31,44 @@ async def all_or_none(*steps: Step) -> None:
                 tg.create_task(s)
     except BaseExceptionGroup as eg:
         raise _first(eg) from None
+
+
+async def sparing(spared: Step, other: Step) -> None:
+    """`all_or_none` of the two, except that a failure of `other` does not cut `spared`
+    short: it runs to its end before the error is raised (a cancel from outside still
+    cancels both). For a step whose processes must not be killed half-way because the
+    other failed: a CNI plugin killed in the middle of its ADD can leave the host's
+    bridge unusable for the next pod, where a finished ADD is undone by its DEL."""
+    task = asyncio.ensure_future(spared)
+    # Its outcome is the caller's only through all_or_none; once that has raised, a
+    # later failure of `spared` is not an error left unread.
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    other_failed = False
+
+    async def awaiting() -> None:
+        await asyncio.shield(task)
+
+    async def watched() -> None:
+        nonlocal other_failed
+        try:
+            await other
+        except Exception:
+            other_failed = True
+            raise
+
+    try:
+        await all_or_none(awaiting(), watched())
+    except BaseException:
+        if not other_failed:  # a cancel from outside (or `spared` failed: it has ended)
+            task.cancel()
+        try:
+            await asyncio.wait([task])
+        except asyncio.CancelledError:  # cancelled while sparing it: no longer spared
+            task.cancel()
+            await asyncio.wait([task])
+            raise
+        raise
 
 
 async def all_settled(*steps: Step) -> None:

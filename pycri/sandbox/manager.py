@@ -54,7 +54,7 @@ from pycri.recovery import probed
 from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
-from pycri.together import all_or_none, all_settled, in_thread
+from pycri.together import all_settled, in_thread, sparing
 
 log = logging.getLogger(__name__)
 
@@ -304,8 +304,10 @@ class SandboxManager:
                 self._save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 await create_netns(f"pycri-{sb.id}")
-        # The network and the infra need only the pinned namespace: wired at once.
-        await all_or_none(self._network_up(sb, undo), self._infra_up(sb, undo, idmap))
+        # The network and the infra need only the pinned namespace: wired at once. A failed
+        # ADD cuts the infra's creation short; a failed infra lets the ADD finish (its
+        # plugins are never killed half-way for it), and both are then undone.
+        await sparing(self._network_up(sb, undo), self._infra_up(sb, undo, idmap))
 
     async def _network_up(self, sb: Sandbox, undo: AsyncExitStack) -> None:
         """CNI ADD into the pod's network namespace (none for a host-network pod)."""
