@@ -44,30 +44,22 @@ async def sparing(spared: Step, other: Step) -> None:
     # later failure of `spared` is not an error left unread.
     task.add_done_callback(lambda t: t.cancelled() or t.exception())
 
-    other_failed = False
-
     async def awaiting() -> None:
         await asyncio.shield(task)
 
-    async def watched() -> None:
-        nonlocal other_failed
-        try:
-            await other
-        except Exception:
-            other_failed = True
-            raise
-
     try:
-        await all_or_none(awaiting(), watched())
-    except BaseException:
-        if not other_failed:  # a cancel from outside (or `spared` failed: it has ended)
-            task.cancel()
+        await all_or_none(awaiting(), other)
+    except Exception:  # `other` failed (`spared` runs to its end) or `spared` did (it has)
         try:
             await asyncio.wait([task])
         except asyncio.CancelledError:  # cancelled while sparing it: no longer spared
             task.cancel()
             await asyncio.wait([task])
             raise
+        raise
+    except BaseException:  # a cancel from outside cuts both
+        task.cancel()
+        await asyncio.wait([task])
         raise
 
 
