@@ -13,6 +13,7 @@ import pytest
 from pycri.nri import launch
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.link import PluginLink
+from tests.lib.fds import new_fds, open_fds
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = f"""#!{sys.executable}
@@ -43,11 +44,6 @@ def _exe(path: Path, text: str, mode: int = 0o755) -> None:
     path.chmod(mode)
 
 
-def _fds() -> set[str]:
-    """Open fds (the listing's own fd is closed by the time it is checked)."""
-    return {fd for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")}
-
-
 def test_discover_orders_by_index_then_name_and_finds_configs(tmp_path: Path) -> None:
     plugins, confs = tmp_path / "plugins", tmp_path / "conf.d"
     plugins.mkdir()
@@ -75,9 +71,9 @@ async def test_preinstalled_plugin_runs_over_its_inherited_socket(tmp_path: Path
     _exe(plugins / "42-pyplug", PLUGIN)
     config = f"log={events}\n"
     (confs / "pyplug.conf").write_text(config)
-    fds = _fds()
+    fds = open_fds()
     [started] = await launch.launch_all(plugins, confs)
-    assert _fds() - fds == {str(started.sock.fileno())}  # the child's end is not kept
+    assert new_fds(fds) == {str(started.sock.fileno())}  # the child's end is not kept
     assert started.plugin.config == config
     rt = Runtime(started.plugin.config)
     link = PluginLink(started.sock, rt)
@@ -98,7 +94,7 @@ async def test_preinstalled_plugin_runs_over_its_inherited_socket(tmp_path: Path
     assert (env["NRI_PLUGIN_NAME"], env["NRI_PLUGIN_IDX"]) == ("pyplug", "42")
     assert env["NRI_PLUGIN_SOCKET"].isdigit()
     assert lines[0]["pid"] == started.process.pid
-    assert _fds() == fds
+    assert new_fds(fds) == set()
 
 
 async def test_a_plugin_that_will_not_exit_is_killed_and_one_that_cannot_start_skipped(

@@ -5,7 +5,6 @@ Each test also checks that the event loop saw no unhandled exception."""
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import socket
 import struct
@@ -20,6 +19,7 @@ import pytest
 from pycri.nri import mux, ttrpc
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.link import NRIPluginError, PluginLink
+from tests.lib.fds import new_fds, open_fds
 from tests.lib.nri_plugin import NRIPlugin
 
 
@@ -46,10 +46,6 @@ async def loop_errors() -> AsyncIterator[list[dict[str, Any]]]:
     loop.set_exception_handler(lambda _loop, ctx: seen.append(ctx))
     yield seen
     loop.set_exception_handler(None)
-
-
-def _fds() -> set[str]:
-    return {fd for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")}
 
 
 async def _link_with_raw_peer() -> tuple[PluginLink, asyncio.StreamReader, asyncio.StreamWriter]:
@@ -199,7 +195,7 @@ async def test_connect_disconnect_200_times_leaks_no_fd_and_no_task(
 
     acceptor = loop.create_task(accept())
     await asyncio.sleep(0)
-    fds = _fds()
+    fds = open_fds()
     tasks = len(asyncio.all_tasks())
     try:
         for i in range(200):
@@ -224,7 +220,7 @@ async def test_connect_disconnect_200_times_leaks_no_fd_and_no_task(
             await asyncio.sleep(0.02)
         assert not links and not serving
         assert rt.registered == 50
-        assert _fds() == fds
+        assert new_fds(fds) == set()
         assert len(asyncio.all_tasks()) == tasks
     finally:
         acceptor.cancel()
