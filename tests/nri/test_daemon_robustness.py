@@ -71,6 +71,15 @@ def _raw(path: str) -> socket.socket:
     return s
 
 
+def _dropped(s: socket.socket) -> bool:
+    """The daemon closed the connection: EOF, or a reset when it closed with bytes of
+    ours still unread (what a unix socket does then); a silence times out instead."""
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_connect_disconnect_200_times_leaks_no_daemon_fd(running: PycriProcess) -> None:
     path = _nri_socket(running)
     _full_plugin(path)  # warm up: first-use allocations are not leaks
@@ -101,16 +110,16 @@ def test_garbage_and_silent_peers_do_not_disturb_a_good_plugin(running: PycriPro
         # Random bytes: the daemon drops that connection.
         junk = _raw(path)
         junk.sendall(os.urandom(1 << 16))
-        assert junk.recv(1) == b""
+        assert _dropped(junk)
         # A peer that never registers is dropped after registration_timeout (1 s).
         silent = _raw(path)
         start = time.monotonic()
-        assert silent.recv(1) == b""
+        assert _dropped(silent)
         assert time.monotonic() - start < 5
         # An oversized frame: dropped with a clear log line.
         big = _raw(path)
         big.sendall(struct.pack(">II", mux.RUNTIME_SERVICE_CONN, 64 << 20))
-        assert big.recv(1) == b""
+        assert _dropped(big)
         for s in (junk, silent, big):
             s.close()
         assert good.is_connected()
