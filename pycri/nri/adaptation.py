@@ -538,7 +538,7 @@ class Adaptation:
         finally:
             self._containers.pop(c.id, None)
 
-    async def _notify(self, event: int, method: str, request: type[Message],
+    async def _notify(self, event: int, method: str, request: Callable[..., Message],
                       reply: type[Message], c: Container) -> None:
         if self.wants(event):
             await self._call(event, method, request(

@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 from google.protobuf import any_pb2, descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +41,10 @@ FLAG_REMOTE_OPEN = 0x2
 MAX_INFLIGHT = 64  # requests served at once per channel; more drop the connection
 
 
-def _wire_messages() -> dict[str, type[Message]]:
+def _wire_messages() -> dict[str, Any]:
     """ttrpc's own envelope messages (request.proto + google.rpc.Status), built at
-    import in a private pool so they never clash with another copy of google.rpc."""
+    import in a private pool so they never clash with another copy of google.rpc.
+    Classes made at run time: their fields are unknown to the type checker (Any)."""
     pool = descriptor_pool.DescriptorPool()
     pool.AddSerializedFile(any_pb2.DESCRIPTOR.serialized_pb)
     f = descriptor_pb2.FileDescriptorProto(
@@ -146,8 +147,8 @@ Sender = Callable[[bytes], Awaitable[None]]
 
 def status_response(code: grpc.StatusCode, message: str) -> bytes:
     resp = ResponseMsg()
-    resp.status.code = code.value[0]  # type: ignore[attr-defined]
-    resp.status.message = message  # type: ignore[attr-defined]
+    resp.status.code = code.value[0]
+    resp.status.message = message
     return resp.SerializeToString()
 
 
@@ -199,10 +200,10 @@ class Channel:
             resp = ResponseMsg.FromString(data)
         except DecodeError as e:
             raise TTRPCError(grpc.StatusCode.INTERNAL, f"bad ttrpc response: {e}") from None
-        status: Any = resp.status  # type: ignore[attr-defined]
+        status: Any = resp.status
         if status.code != 0:
             raise TTRPCError(code_of(status.code), status.message)
-        payload_out: bytes = resp.payload  # type: ignore[attr-defined]
+        payload_out: bytes = resp.payload
         return payload_out
 
     # -- incoming -------------------------------------------------------------
