@@ -10,6 +10,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count
@@ -27,6 +28,7 @@ TAG = secrets.token_hex(2)
 # The criu binary the nodes use (PYCRI_TEST_CRIU, else `criu` on PATH): checkpoint tests
 # run where its `criu check` passes and say why they are skipped elsewhere.
 CRIU = os.environ.get("PYCRI_TEST_CRIU") or shutil.which("criu") or "/usr/sbin/criu"
+RECHECK_TIMEOUT = 60.0  # s for a restarted daemon's recheck (a few records in tests)
 _n = count(1)
 _octet = secrets.randbelow(200)
 
@@ -65,14 +67,32 @@ class Node:
         """Where NRI plugins connect to this node (enabled, with no plugin, by default)."""
         return str(self.tmp / "nri" / "nri.sock")
 
-    def restart(self, sig: int = signal.SIGTERM) -> None:
+    def restart(self, sig: int = signal.SIGTERM, *, rechecked: bool = True) -> None:
+        """Stop the daemon with `sig` and start it again (see `start`)."""
         self.cri.channel.close()
         if sig == signal.SIGKILL:
             self.proc.kill()
         else:
             assert self.proc.stop(sig) == 0
+        self.start(rechecked=rechecked)
+
+    def start(self, *, rechecked: bool = True) -> None:
+        """Start the stopped daemon and connect. A restarted pycri serves from its records
+        first and rechecks them after (pycri/recovery.py): unless `rechecked` is False
+        this waits for that recheck, so the states a test reads next are the real ones."""
         self.proc.start()
         self.cri = self.proc.client()
+        if rechecked:
+            deadline = time.monotonic() + RECHECK_TIMEOUT
+            while self.recovery()["doneAt"] == 0:
+                assert time.monotonic() < deadline, f"no recheck in {RECHECK_TIMEOUT} s"
+                time.sleep(0.02)
+
+    def recovery(self) -> dict[str, int]:
+        """How far the recheck got: {"pending": records not rechecked, "doneAt": ns or 0}."""
+        info = self.cri.runtime.Status(pb.StatusRequest(verbose=True)).info
+        recovery: dict[str, int] = json.loads(info["recovery"])
+        return recovery
 
     def pod_config(self, name: str, **kw: object) -> pb.PodSandboxConfig:
         cfg = pb.PodSandboxConfig(
@@ -138,6 +158,14 @@ class Node:
         return self.cri.runtime.ExecSync(
             pb.ExecSyncRequest(container_id=cid, cmd=list(cmd), timeout=timeout)
         )
+
+    def wait_for_file(self, cid: str, path: str, timeout: float = 15) -> None:
+        """Wait until `path` exists in the container: the mark its command leaves once
+        it is ready (say, after installing a signal trap)."""
+        deadline = time.monotonic() + timeout
+        while self.exec(cid, "test", "-e", path).exit_code != 0:
+            assert time.monotonic() < deadline, f"{path} never appeared in {cid}"
+            time.sleep(0.05)
 
     def remove_all(self) -> None:
         for sb in self.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items:

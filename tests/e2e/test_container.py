@@ -99,11 +99,12 @@ def test_oom_killed(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
 
 def test_stop_signal_and_timeout(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
     sid, cfg = pod
-    polite = node.run(sid, cfg, "polite",
-                      ["sh", "-c", "trap 'exit 42' TERM; while true; do sleep 0.1; done"])
-    stubborn = node.run(sid, cfg, "stubborn",
-                        ["sh", "-c", "trap '' TERM; while true; do sleep 0.1; done"])
-    time.sleep(0.3)  # let the shells install their traps
+    polite = node.run(sid, cfg, "polite", ["sh", "-c", "trap 'exit 42' TERM; : > /trapped; "
+                                           "while true; do sleep 0.1; done"])
+    stubborn = node.run(sid, cfg, "stubborn", ["sh", "-c", "trap '' TERM; : > /trapped; "
+                                               "while true; do sleep 0.1; done"])
+    for cid in (polite, stubborn):  # the shells have installed their traps
+        node.wait_for_file(cid, "/trapped")
     t0 = time.monotonic()
     node.cri.runtime.StopContainer(pb.StopContainerRequest(container_id=polite, timeout=10))
     assert time.monotonic() - t0 < 5
@@ -312,8 +313,7 @@ def test_restart_keeps_status_and_sees_missed_exits(
         time.sleep(0.02)
     time.sleep(0.2)
     down_at = time.time_ns()
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     st = node.status(quitter)
     assert (st.state, st.exit_code) == (pb.CONTAINER_EXITED, 137)
     assert st.finished_at <= down_at
@@ -552,8 +552,7 @@ def test_crash_during_create_container_frees_the_name_at_restart(node: Node) -> 
             pending.result(timeout=30)
     cid = next(b.name for b in bundles.iterdir() if b.name != sid)
     time.sleep(2.5)  # let the orphaned `runc create` finish: a real, created container
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
     deadline = time.monotonic() + 30  # removed by the recheck, after the socket serves
     while (bundles / cid).exists():

@@ -38,8 +38,7 @@ def test_cni_cache_write_cut_short_by_a_kill_is_pruned_at_restart(node: Node) ->
     entry |= {"containerId": vanished, "result": None}
     (cache / vanished / "cni-loopback.tmp").write_text(json.dumps(entry))
     node.proc.socket.unlink()
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert not (cache / vanished).exists()
     node.restart(signal.SIGKILL)  # and it stays that way
     assert list(cache.iterdir()) == []
@@ -91,8 +90,7 @@ def test_exec_sync_cut_short_by_a_kill_leaves_no_process_or_files(node: Node) ->
             pending.result(timeout=30)
     assert _alive(exec_pid) and _alive(conmon)
     node.proc.socket.unlink()
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert not work.exists()
     deadline = time.monotonic() + 10
     while _alive(exec_pid) or _alive(conmon):
@@ -126,8 +124,7 @@ def test_start_container_cut_short_after_the_runtime_started_it_is_running(node:
         with pytest.raises(grpc.RpcError):
             pending.result(timeout=30)
     node.proc.socket.unlink()
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     st = node.status(cid)
     assert st.state == pb.CONTAINER_RUNNING
     assert st.started_at > 0

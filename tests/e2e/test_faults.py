@@ -270,8 +270,7 @@ def test_monitor_killed_while_pycri_down(node: Node) -> None:
     node.cri.channel.close()
     assert node.proc.stop() == 0
     os.kill(conmon_pid, signal.SIGKILL)
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     _assert_monitor_died(node, cid, pid, conmon_pid)
 
 
@@ -424,8 +423,7 @@ def test_db_left_mid_transaction_recovers(node: Node) -> None:
     finally:
         writer.kill()
         writer.wait()
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     rt = node.cri.runtime
     # Everything the client was told exists is there, and nothing of the dead writer.
     assert {p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items} == {sid, sid2}

@@ -138,8 +138,7 @@ def test_stale_rro_staging_is_removed_at_start(node: Node, probe: Path) -> None:
     deadline = time.monotonic() + 60
     while Path(f"/proc/{result['pid']}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert _staged_mounts(node.proc.state) == []
     assert not list((node.proc.state / "rro").iterdir())
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
@@ -155,8 +154,7 @@ def test_orphan_staging_without_a_record_is_removed_at_start(node: Node, tmp_pat
     target.mkdir(parents=True)
     subprocess.run(["mount", "--bind", str(vol), str(target)], check=True)
     try:
-        node.proc.start()
-        node.cri = node.proc.client()
+        node.start()
         assert _staged_mounts(node.proc.state) == []
         assert not list((node.proc.state / "rro").iterdir())
         assert (vol / "secret").read_text() == "TOPSECRET\n"

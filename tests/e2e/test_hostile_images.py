@@ -58,8 +58,7 @@ def test_hostile_pulls_and_stored_records(node: Node, registry: Registry, tmp_pa
                                    **change})
             planted[tag] = iid
         store.close()
-        node.proc.start()
-        node.cri = node.proc.client()
+        node.start()
 
         assert {i.id for i in _images(node)} == {good, *planted.values()}
         for tag, iid in planted.items():  # what `crictl rmi <tag>` does

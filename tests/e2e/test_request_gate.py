@@ -51,8 +51,7 @@ def records(node: Node) -> list[tuple[str, str]]:
         finally:
             db.close()
     finally:
-        node.proc.start()
-        node.cri = node.proc.client()
+        node.start()
 
 
 def test_nul_in_pod_name_is_refused_and_the_node_restarts(node: Node) -> None:
@@ -158,8 +157,7 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     node.cri.channel.close()
     assert node.proc.stop() == 0
     ids = plant_bad_state(node)
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     # The good pod and its container are served as before.
     assert [p.id for p in node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items] \
         == [sid]

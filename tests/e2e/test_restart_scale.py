@@ -11,7 +11,6 @@ The timings (100 to 1000 pods, against containerd) are hack/bench-restart.py's.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -91,13 +90,6 @@ def _state_calls(node: Node) -> list[str]:
     return [line.split()[-1] for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def _recovery(node: Node) -> dict[str, int]:
-    """How far the recheck got: {"pending": records not rechecked, "doneAt": ns or 0}."""
-    info = node.cri.runtime.Status(pb.StatusRequest(verbose=True)).info
-    recovery: dict[str, int] = json.loads(info["recovery"])
-    return recovery
-
-
 def _until(what: str, check: Callable[[], object]) -> None:
     deadline = time.monotonic() + WAIT
     while not check():
@@ -164,15 +156,14 @@ def test_kill9_restart_of_100_containers_answers_from_records_while_state_is_hel
     try:
         (node.tmp / "hold").touch()
         node.proc.socket.unlink()
-        node.proc.start()
-        node.cri = node.proc.client()
+        node.start(rechecked=False)
 
         # The recheck is held up on `state`: everything is answered from the records
         # and from the facts on disk.
         _until("the recheck never asked the runtime", lambda: _state_calls(node))
         rt = node.cri.runtime
         assert rt.Version(pb.VersionRequest()).runtime_name == "pycri"
-        assert _recovery(node)["pending"] > 0
+        assert node.recovery()["pending"] > 0
         listed = {c.id: c.state for c in rt.ListContainers(pb.ListContainersRequest())
                   .containers}
         assert set(listed) == {*running, created, quitter, victim, cut}
@@ -195,8 +186,8 @@ def test_kill9_restart_of_100_containers_answers_from_records_while_state_is_hel
 
         # Released: every state is right.
         (node.tmp / "hold").unlink()
-        _until("the recheck never finished", lambda: _recovery(node)["pending"] == 0)
-        assert _recovery(node)["doneAt"] > 0
+        _until("the recheck never finished", lambda: node.recovery()["pending"] == 0)
+        assert node.recovery()["doneAt"] > 0
         assert node.status(cut).state == pb.CONTAINER_RUNNING
         assert node.exec(cut, "echo", "started").stdout == b"started\n"
         assert node.status(created).state == pb.CONTAINER_CREATED
@@ -222,11 +213,10 @@ def test_restart_asks_the_runtime_nothing_about_what_runs(node: Node) -> None:
         if sig == signal.SIGKILL:
             node.proc.kill()
             node.proc.socket.unlink()
-            node.proc.start()
-            node.cri = node.proc.client()
+            node.start()
         else:
             node.restart(sig)
-        _until("the recheck never finished", lambda: _recovery(node)["pending"] == 0)
+        _until("the recheck never finished", lambda: node.recovery()["pending"] == 0)
         assert _state_calls(node) == []
         assert node.pod_status(sid).state == pb.SANDBOX_READY
         assert [node.status(c).state for c in cids] == [pb.CONTAINER_RUNNING] * 3

@@ -258,8 +258,7 @@ def test_reboot_pods_come_back_notready_and_clean_up(node: Node) -> None:
         subprocess.run(["umount", "-l", m], check=True)
     subprocess.run(["rm", "-rf", str(node.tmp / "state")], check=True)
     purge_nat_rules(sid)
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert node.pod_status(sid).state == pb.SANDBOX_NOTREADY
     st = node.cri.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
     assert (st.state, st.reason) == (pb.CONTAINER_EXITED, "Unknown")
@@ -348,8 +347,7 @@ def test_crash_in_the_middle_of_run_pod_sandbox_leaks_nothing(node: Node) -> Non
         with pytest.raises(grpc.RpcError):
             pending.result(timeout=30)
     assert host_local_leases(node) != []  # the bridge plugin had already leased an IP
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     pods = node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
     assert [(p.metadata.name, p.state) for p in pods] == [("crashy", pb.SANDBOX_NOTREADY)]
     sid = pods[0].id

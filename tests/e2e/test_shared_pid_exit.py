@@ -87,7 +87,6 @@ def test_exit_missed_while_down_still_kills_the_leftovers(node: Node) -> None:
     exit_file = node.tmp / "state" / "exits" / cid
     assert _wait(exit_file.exists), "the container did not exit while pycri was down"
     assert _pids(b"778"), "nothing was left over to kill"
-    node.proc.start()
-    node.cri = node.proc.client()
+    node.start()
     assert node.status(cid).state == pb.CONTAINER_EXITED
     assert _wait(lambda: not _pids(b"778")), _pids(b"778")

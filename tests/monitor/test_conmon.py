@@ -105,8 +105,12 @@ async def test_exit_zero_and_sigkill(env: Env, exits: Exits) -> None:
 
 async def test_sigterm_stops_container(env: Env, exits: Exits) -> None:
     # sh as pid 1 ignores SIGTERM unless it traps it.
-    cid, _ = await run_container(env, "trap 'exit 143' TERM; while true; do sleep 0.1; done")
-    await asyncio.sleep(0.2)
+    cid, _ = await run_container(
+        env, "trap 'exit 143' TERM; echo trapped; while true; do sleep 0.1; done")
+    deadline = asyncio.get_running_loop().time() + 10
+    while b"trapped" not in env.log(cid).read_bytes():  # the trap is installed
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.05)
     await env.runtime.kill(cid, signal.SIGTERM)
     assert (await exits.wait(cid))[0] == 143
     await env.runtime.kill(cid, signal.SIGTERM)  # already stopped: no error
