@@ -160,18 +160,16 @@ class CheckpointManager:
                 raise FailedPrecondition(f"container {c.id} is not running")
             images = out / archive.CHECKPOINT_DIR
             await asyncio.to_thread(images.mkdir)
-            runtime = self.containers.launcher.runtime(c.handler)
+            launcher = self.containers.launcher
+            runtime = launcher.runtime(c.handler)
             # Frozen from the dump until its files are copied: CRIU records the sizes of
             # the files the processes have open, and a file written meanwhile would no
             # longer match at the restore.
-            await runtime.pause(c.id)
-            try:
+            async with launcher.frozen(c.id, c.handler):
                 await runtime.checkpoint(c.id, images, out, self.cfg.criu,
                                          float(timeout) if timeout > 0 else self.cfg.timeout)
-                spec = await asyncio.to_thread(self.containers.launcher.spec, c.id)
+                spec = await asyncio.to_thread(launcher.spec, c.id)
                 await asyncio.to_thread(self._write_layout, c, runtime.name, spec or {}, out)
-            finally:
-                await asyncio.shield(runtime.pause(c.id, resume=True))
 
     def _write_layout(self, c: Container, runtime: str, spec: dict[str, Any], out: Path) -> None:
         limit = self.cfg.max_archive_bytes

@@ -776,6 +776,8 @@ class ContainerManager:
             try:
                 if isinstance(probe, Exception):
                     raise probe
+                if probe.left_frozen:
+                    asks.append(asyncio.create_task(self._thaw(c.id, runtime_calls)))
                 if self._apply_probe(c, revisions[c.id], probe):
                     asks.append(asyncio.create_task(
                         self._ask_runtime(c, revisions[c.id], probe, runtime_calls)))
@@ -834,6 +836,17 @@ class ContainerManager:
                 cur.state, cur.started_at, changed = pb.CONTAINER_RUNNING, time.time_ns(), True
             if changed:
                 self._save(cur)
+
+    async def _thaw(self, cid: str, runtime_calls: asyncio.Semaphore) -> None:
+        """Thaw a container a checkpoint froze when pycri was killed during it."""
+        try:
+            async with runtime_calls, self._held(cid) as c:
+                if c is not None:
+                    await self.launcher.thaw(cid, c.handler)
+                    log.info("container %s: thawed, left frozen by a checkpoint a crash "
+                             "cut short", cid)
+        except PycriError as e:
+            log.error("container %s: left frozen by a checkpoint, not thawed: %s", cid, e)
 
     def _mark_lost(self, c: Container) -> None:
         c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"

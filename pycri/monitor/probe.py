@@ -83,3 +83,5 @@ class Probe:
     finished_at: int = 0  # ns, the exit file's mtime
     conmon_pid: int = 0
     conmon_alive: bool = False
+    # pycri froze the processes (checkpoint) and died before it thawed them.
+    left_frozen: bool = False

@@ -8,11 +8,14 @@ what is missing; bad requests are refused and change nothing, on any host."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -287,3 +290,65 @@ def test_without_criu_every_checkpoint_rpc_is_a_failed_precondition(node: Node) 
     before = count(node, cid)
     time.sleep(0.5)
     assert count(node, cid) > before
+
+
+def test_a_container_frozen_by_a_checkpoint_is_thawed_after_a_crash(node: Node) -> None:
+    """The container is frozen while it is dumped. pycri killed at that moment must thaw it
+    at its next start: nothing else ever would, and a frozen container cannot even be
+    killed. The dump never reaches CRIU here, on any host: a wrapper runtime holds runc's
+    `checkpoint` command (the fault injected) and a stand-in answers the criu probe."""
+    held, release = node.tmp / "ckpt-held", node.tmp / "ckpt-release"
+    stand_in = node.tmp / "criu-probe"
+    stand_in.write_text("#!/bin/sh\nexit 0\n")
+    stand_in.chmod(0o755)
+    node.proc.config.write_text(node.proc.config.read_text().replace(
+        f'criu = "{CRIU}"', f'criu = "{stand_in}"'))
+    node.add_runtime("heldckpt", f"""#!/bin/sh
+for a in "$@"; do [ "$a" = --help ] && exec /usr/sbin/runc "$@"; done
+for a in "$@"; do
+    if [ "$a" = checkpoint ]; then
+        touch {held}
+        i=0
+        while [ ! -e {release} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+        exit 1
+    fi
+done
+exec /usr/sbin/runc "$@"
+""")
+    pod = node.pod_config("frozen")
+    sid = node.cri.runtime.RunPodSandbox(
+        pb.RunPodSandboxRequest(config=pod, runtime_handler="heldckpt")).pod_sandbox_id
+    cid = node.run(sid, pod, "counter", COUNTER)
+
+    def runc_status() -> str:
+        out = subprocess.run(["/usr/sbin/runc", "--root", str(node.proc.state / "heldckpt"),
+                              "state", cid], capture_output=True, text=True, check=True)
+        return str(json.loads(out.stdout)["status"])
+
+    def checkpoint() -> None:
+        with contextlib.suppress(grpc.RpcError):  # the daemon dies under the call
+            node.cri.runtime.CheckpointContainer(pb.CheckpointContainerRequest(
+                container_id=cid, location=str(archives(node) / "cut.tar")))
+
+    caller = threading.Thread(target=checkpoint)
+    try:
+        caller.start()
+        deadline = time.monotonic() + 30
+        while not held.exists():
+            assert time.monotonic() < deadline, "the checkpoint never reached the runtime"
+            time.sleep(0.05)
+        assert runc_status() == "paused"
+        node.restart(signal.SIGKILL)  # waits for the recheck, which thaws it
+    finally:
+        release.touch()
+        caller.join(30)
+    assert runc_status() == "running"
+    assert not (node.proc.state / "bundles" / cid / "frozen").exists()
+    assert node.status(cid).state == pb.CONTAINER_RUNNING
+    before = count(node, cid)
+    deadline = time.monotonic() + 10
+    while count(node, cid) <= before:
+        assert time.monotonic() < deadline, "the counter stays frozen"
+        time.sleep(0.2)
+    assert "thawed, left frozen by a checkpoint" in node.proc.log_text()
+    assert not (archives(node) / "cut.tar").exists()
