@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,7 @@ def serve(config_path: Path | None, **overrides: Any) -> None:
     """Serve the CRI RuntimeService and ImageService on a unix socket."""
     from pycri.daemon import Daemon, DaemonError
 
+    _open_standard_fds()
     cfg = _load(config_path, check_binaries=True, **overrides)
     setup_logging(cfg)
     try:
@@ -76,6 +78,21 @@ def serve(config_path: Path | None, **overrides: Any) -> None:
     except DaemonError as e:
         click.echo(f"pycri: {e}", err=True)
         sys.exit(1)
+
+
+def _open_standard_fds() -> None:
+    """Put /dev/null on any of fds 0-2 the daemon was started without (a CI runner, a
+    careless init script): left closed, the next file or socket the daemon opens would
+    take that number, and every child started with inherited stdio (conmon, runc, CNI
+    plugins) would read or write it as its stdin, stdout or stderr."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: `fd` itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 @main.command("config")

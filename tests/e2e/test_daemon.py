@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -45,3 +47,29 @@ def test_monitors_are_children_and_nothing_is_left_a_zombie(node: Node) -> None:
     while children(daemon) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert children(daemon) == []  # monitors exited and were reaped; no zombies
+
+
+def test_started_with_stdio_closed_the_daemon_and_its_children_get_dev_null(node: Node) -> None:
+    """A daemon started with fds 0-2 closed (as CI runners and careless init scripts do)
+    puts /dev/null there first: else its next file or socket takes fd 0, 1 or 2 and
+    every child with inherited stdio (conmon, runc, CNI plugins) is handed it."""
+    node.cri.channel.close()
+    assert node.proc.stop() == 0
+    node.proc.proc = subprocess.Popen(
+        ["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *node.proc.argv()])
+    deadline = time.monotonic() + 20
+    while not node.proc.socket.exists():
+        assert node.proc.proc.poll() is None, "the daemon died without stdio"
+        assert time.monotonic() < deadline, "the daemon never served"
+        time.sleep(0.05)
+    node.cri = node.proc.client()
+    assert node.cri.runtime.Version(pb.VersionRequest()).runtime_name == "pycri"
+    daemon = node.proc.proc.pid
+    assert [os.readlink(f"/proc/{daemon}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
+    sid, cfg = node.run_pod("nostdio")
+    cid = node.run(sid, cfg, "c", ["sleep", "1000"])
+    assert node.exec(cid, "echo", "ok").stdout == b"ok\n"
+    conmons = [pid for pid, comm, _ in children(daemon) if comm == "conmon"]
+    assert len(conmons) == 2
+    for pid in conmons:
+        assert os.readlink(f"/proc/{pid}/fd/0") == "/dev/null"
