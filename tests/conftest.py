@@ -46,6 +46,9 @@ class PycriProcess:
     # Extra environment (None: inherit ours) and fds to hand over (socket activation).
     env: dict[str, str] | None = None
     pass_fds: tuple[int, ...] = ()
+    # Run before the daemon's argv, which follows as its arguments (say, a shell that
+    # closes the daemon's stdio and execs it).
+    launcher: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         return [
@@ -68,7 +71,7 @@ class PycriProcess:
     def start(self) -> None:
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(
-                self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                [*self.launcher, *self.argv()], stdout=log, stderr=subprocess.STDOUT, env=self.env,
                 pass_fds=self.pass_fds,
             )
         deadline = time.monotonic() + START_TIMEOUT

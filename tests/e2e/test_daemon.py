@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -53,17 +52,10 @@ def test_started_with_stdio_closed_the_daemon_and_its_children_get_dev_null(node
     """A daemon started with fds 0-2 closed (as CI runners and careless init scripts do)
     puts /dev/null there first: else its next file or socket takes fd 0, 1 or 2 and
     every child with inherited stdio (conmon, runc, CNI plugins) is handed it."""
-    node.cri.channel.close()
-    assert node.proc.stop() == 0
-    node.proc.proc = subprocess.Popen(
-        ["sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *node.proc.argv()])
-    deadline = time.monotonic() + 20
-    while not node.proc.socket.exists():
-        assert node.proc.proc.poll() is None, "the daemon died without stdio"
-        assert time.monotonic() < deadline, "the daemon never served"
-        time.sleep(0.05)
-    node.cri = node.proc.client()
+    node.proc.launcher = ("sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh")
+    node.restart()
     assert node.cri.runtime.Version(pb.VersionRequest()).runtime_name == "pycri"
+    assert node.proc.proc is not None
     daemon = node.proc.proc.pid
     assert [os.readlink(f"/proc/{daemon}/fd/{fd}") for fd in (0, 1, 2)] == ["/dev/null"] * 3
     sid, cfg = node.run_pod("nostdio")
