@@ -79,7 +79,13 @@ BAD: list[tuple[str, object, str]] = [
     ("slash in container name", pb.CreateContainerRequest(pod_sandbox_id="ab", config=(
         pb.ContainerConfig(metadata=pb.ContainerMetadata(name="../x")))), "may not contain"),
     # hostname (defect 15)
-    ("hostname of 64", run(hostname="h" * 64), "config.hostname: longer than 63"),
+    ("hostname of 65", run(hostname="h" * 65), "config.hostname: longer than 64"),
+    ("FQDN of 65", run(hostname="a" * 40 + ".sub.ns.svc.cluster.local"),
+     "config.hostname: longer than 64"),
+    ("hostname '.'", run(hostname="."), "config.hostname: must be"),
+    ("hostname ending in '..'", run(hostname="a.."), "config.hostname: must be"),
+    ("hostname starting with '.'", run(hostname=".a"), "config.hostname: must be"),
+    ("hostname with a newline", run(hostname="a\nb"), "config.hostname: contains control"),
     ("hostname with a space", run(hostname="a b"), "config.hostname: must be dot-separated"),
     ("hostname with empty label", run(hostname="a..b"), "config.hostname: must be"),
     ("hostname ending in '-'", run(hostname="a-"), "config.hostname: must be"),
@@ -298,6 +304,15 @@ GOOD: list[tuple[str, object]] = [
     ("crictl hostname with _", run(hostname="crictl_host")),
     ("node FQDN hostname", run(hostname="ip-10-0-0-1.eu-west-1.compute.internal")),
     ("hostname of 63", run(hostname="h" * 63)),
+    # The kubelet's forms (issue 25): pod names are DNS subdomains (dots allowed), and
+    # setHostnameAsFQDN gives <name>.<subdomain>.<ns>.svc.<cluster domain> of at most 64,
+    # ending in '.' when the cluster domain is empty.
+    ("pod name with dots as hostname", run(hostname="web.v1-2.x")),
+    ("hostname of 64", run(hostname="h" * 64)),
+    ("FQDN hostname", run(hostname="web-0.sub.e2e.svc.cluster.local")),
+    ("FQDN hostname, empty cluster domain", run(hostname="web-0.sub.e2e.svc.")),
+    ("FQDN of 64", run(hostname="a" * 39 + ".sub.ns.svc.cluster.local")),
+    ("FQDN of 64, empty cluster domain", run(hostname="0" * 52 + ".sub.ns.svc.")),
     ("kubelet container", pb.CreateContainerRequest(
         pod_sandbox_id="ab12" * 16,
         config=pb.ContainerConfig(

@@ -318,6 +318,8 @@ class SandboxManager:
             undo.push_async_callback(self.cni.teardown, pod_net)
             result = await self.cni.setup(pod_net)
             sb.ips = list(result.ips)
+            podfiles.add_hosts_entry(self.pod_dir(sb.id), sb.ips,
+                                     podfiles.pod_hostname(sb.config, sb.host_network))
 
     async def _infra_up(self, sb: Sandbox, undo: AsyncExitStack, idmap: Idmap | None) -> None:
         """The infra process: created by conmon, then started."""

@@ -49,6 +49,28 @@ def hosts_file(host_network: bool, host_text: str) -> str:
     return host_text if host_network else DEFAULT_HOSTS
 
 
+def hosts_entry(ips: list[str], hostname: str) -> str:
+    """The /etc/hosts line that names the pod: its first IP, the hostname as given (an FQDN
+    from `setHostnameAsFQDN`, perhaps ending in '.') and its first label, so `hostname -f`
+    resolves without DNS, as in a kubelet-managed hosts file."""
+    if not ips:
+        return ""
+    names = [hostname]
+    short = hostname.split(".", 1)[0]
+    if short != hostname:
+        names.append(short)
+    return f"{ips[0]}\t{' '.join(names)}\n"
+
+
+def add_hosts_entry(directory: Path, ips: list[str], hostname: str) -> None:
+    """Append the pod's own line to the hosts file written before the network existed;
+    appending keeps the file's owner and mode."""
+    line = hosts_entry(ips, hostname)
+    if line:
+        with open(directory / "hosts", "a") as f:
+            f.write(line)
+
+
 def pod_hostname(config: pb.PodSandboxConfig, host_network: bool) -> str:
     if host_network:
         return socket.gethostname()

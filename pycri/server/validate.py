@@ -12,7 +12,7 @@ Rules, most general first:
 - every string: no NUL; no other C0 control character or DEL, except tab, LF
   and CR in free text (command lines, annotation values, registry
   credentials), which legitimately carry them; a length bound by kind
-  (names 253, IDs 128, hostnames 63, paths 4096, free text 1 MiB, others 16 KiB);
+  (names 253, IDs 128, hostnames 64, paths 4096, free text 1 MiB, others 16 KiB);
 - every enum holds a value the CRI defines; every repeated field and map has at
   most 10,000 entries; labels and annotations at most 512 KiB each in total;
 - integer ranges where the kernel or the CRI has them;
@@ -45,6 +45,7 @@ MAX_MAP_BYTES = 512 * 1024
 SIZED_MAPS = ("labels", "annotations")
 MIN_MEMORY = 12 * 1024 * 1024
 NAME_MAX = 255  # bytes in one path component (the kernel's limit)
+HOST_NAME_MAX = 64  # bytes sethostname(2) takes; the kubelet's FQDN limit too
 UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
 
 Problem = str | None  # what is wrong with a value, or None when it is fine
@@ -85,11 +86,15 @@ def _id(value: str) -> Problem:
 
 
 def _hostname(value: str) -> Problem:
-    """What sethostname(2) will take; labels as RFC 1123 (plus '_', which crictl
-    examples use), at most 63 characters as the kubelet truncates them."""
-    if value and not all(_HOST_LABEL_RE.fullmatch(label) for label in value.split(".")):
+    """What sethostname(2) takes (64 bytes) in the forms a kubelet builds: a pod name or
+    `hostname` label, or with `setHostnameAsFQDN` `<name>.<subdomain>.<ns>.svc.<domain>`,
+    which ends in '.' when the cluster domain is empty. Labels as RFC 1123 (plus '_',
+    which crictl examples use); no space or control byte, as the name is written into
+    /etc/hostname and /etc/hosts."""
+    labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
+    if value and not all(_HOST_LABEL_RE.fullmatch(label) for label in labels):
         return ("must be dot-separated labels of letters, digits, '-' and '_', each "
-                "starting and ending with a letter or digit")
+                "starting and ending with a letter or digit, with at most one final '.'")
     return None
 
 
@@ -181,7 +186,7 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("PodSandboxMetadata", "namespace"): NAME,
     ("PodSandboxMetadata", "uid"): NAME,
     ("ContainerMetadata", "name"): NAME,
-    ("PodSandboxConfig", "hostname"): Kind(max_len=63, check=_hostname),
+    ("PodSandboxConfig", "hostname"): Kind(max_len=HOST_NAME_MAX, check=_hostname),
     ("PodSandboxConfig", "log_directory"): Kind(max_len=4096, check=_log_directory),
     ("ContainerConfig", "log_path"): Kind(max_len=4096, check=_log_path),
     ("ContainerConfig", "working_dir"): PATH,
