@@ -23,6 +23,7 @@ from pycri.oci import mounts, userns
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
 MIN_FREE_BYTES = 2 * 1024**3
+DEBIAN_CNI_DIR = "/usr/lib/cni"  # where containernetworking-plugins installs them
 
 
 @dataclass(frozen=True)
@@ -135,6 +136,8 @@ def _cni(cfg: Config) -> Iterator[Check]:
             "CNI plugins",
             False,
             f"no 'bridge' plugin in {', '.join(cfg.cni.bin_dirs)}",
+            f"add {DEBIAN_CNI_DIR} to cni.bin_dirs (containernetworking-plugins put it there)"
+            if Path(DEBIAN_CNI_DIR, "bridge").exists() else
             "apt-get install containernetworking-plugins",
         )
     conf = Path(cfg.cni.conf_dir)

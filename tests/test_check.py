@@ -105,3 +105,13 @@ def test_a_missing_criu_is_told_to_install_it(tmp_path: Path) -> None:
     c = by_name(run_checks(Config(checkpoint=CheckpointConfig(criu=str(tmp_path / "criu")))))[
         "checkpoint/restore (CRIU)"]
     assert not c.ok and c.optional and "apt-get install criu" in c.fix, c
+
+
+def test_cni_plugins_outside_the_configured_dirs_are_pointed_at(tmp_path: Path) -> None:
+    """The package's plugins are installed, only cni.bin_dirs misses them: installing the
+    package again would not help."""
+    cfg = Config()
+    cfg.cni.bin_dirs = [str(tmp_path)]
+    c = by_name(run_checks(cfg))["CNI plugins"]
+    assert not c.ok and not c.optional
+    assert c.fix == "add /usr/lib/cni to cni.bin_dirs (containernetworking-plugins put it there)"
