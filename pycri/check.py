@@ -7,20 +7,23 @@ and never raises, since the point is to report on a broken host.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pycri.checkpoint.support import probe_criu, probe_runtime
-from pycri.config import Config
+from pycri.checkpoint.support import Probe, probe_criu, probe_runtime
+from pycri.config import CheckpointConfig, Config
 from pycri.oci import mounts, userns
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
 MIN_FREE_BYTES = 2 * 1024**3
+DEBIAN_CNI_DIR = "/usr/lib/cni"  # where containernetworking-plugins installs them
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,8 @@ class Check:
     ok: bool
     detail: str
     fix: str = ""
-    # A feature the node runs without (checkpoint/restore): reported, but not a failure.
+    # Something the config runs without (checkpoint/restore, user namespaces, a handler
+    # other than the default): reported as a warning, not a failure.
     optional: bool = False
 
 
@@ -41,10 +45,33 @@ def _version(path: str) -> str:
     return (out.stdout or out.stderr).strip().splitlines()[0] if (out.stdout or out.stderr) else "?"
 
 
-def _binary(name: str, path: str, package: str) -> Check:
-    if not os.access(path, os.X_OK):
-        return Check(name, False, f"{path} not found", f"apt-get install {package}")
-    return Check(name, True, f"{path}: {_version(path)}")
+def _binary(name: str, path: str, key: str, package: str | None, default: str | None,
+            optional: bool = False) -> Check:
+    """An executable the config names; the fix says how to get it where `key` points."""
+    if os.access(path, os.X_OK):
+        return Check(name, True, f"{path}: {_version(path)}", optional=optional)
+    if package is None:
+        fix = f"install the runtime at {path}, or set {key}"
+    elif path == default:
+        fix = f"apt-get install {package}"
+    else:
+        fix = (f"set {key} to an installed {package} "
+               f"(apt-get install {package} puts it at {default})")
+    return Check(name, False, f"{path} not found", fix, optional=optional)
+
+
+def _binaries(cfg: Config) -> Iterator[Check]:
+    """What `pycri serve` runs: the default handler's runtime, conmon and (without a
+    pause image) the infra are needed; the other handlers only by pods that ask for them."""
+    defaults = Config()
+    for name, h in cfg.runtimes.items():
+        known = defaults.runtimes.get(name)
+        yield _binary(f"runtime {name}", h.path, f"runtimes.{name}.path",
+                      name if known else None, known.path if known else None,
+                      optional=name != cfg.default_runtime)
+    yield _binary("conmon", cfg.conmon, "conmon", "conmon", defaults.conmon)
+    yield _binary("infra (catatonit)", cfg.infra_binary, "infra_binary", "catatonit",
+                  defaults.infra_binary, optional=bool(cfg.pause_image))
 
 
 def cgroup_mode(root: Path = CGROUP_ROOT) -> str:
@@ -64,17 +91,21 @@ def v2_controllers(root: Path = CGROUP_ROOT) -> list[str]:
     return []
 
 
-def _cgroups() -> Iterator[Check]:
+def _cgroups(cfg: Config) -> Iterator[Check]:
     mode = cgroup_mode()
     yield Check("cgroups", True, f"mode {mode}")
-    if mode == "hybrid" and "hugetlb" in v2_controllers():
-        yield Check(
-            "crun on hybrid cgroups",
-            False,
-            "hugetlb is bound to the v2 hierarchy; crun 1.8 refuses to run containers here",
-            "mkdir -p /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb none "
-            "/sys/fs/cgroup/hugetlb (binds hugetlb to v1), or use the runc handler",
-        )
+    if mode != "hybrid" or "hugetlb" not in v2_controllers():
+        return
+    for name, h in sorted(cfg.runtimes.items()):
+        if Path(h.path).name == "crun":
+            yield Check(
+                f"runtime {name} on hybrid cgroups",
+                False,
+                "hugetlb is bound to the v2 hierarchy; crun 1.8 refuses to run containers here",
+                "mkdir -p /sys/fs/cgroup/hugetlb && mount -t cgroup -o hugetlb none "
+                "/sys/fs/cgroup/hugetlb (binds hugetlb to v1), or use the runc handler",
+                optional=name != cfg.default_runtime,
+            )
 
 
 def _overlay() -> Check:
@@ -105,6 +136,8 @@ def _cni(cfg: Config) -> Iterator[Check]:
             "CNI plugins",
             False,
             f"no 'bridge' plugin in {', '.join(cfg.cni.bin_dirs)}",
+            f"add {DEBIAN_CNI_DIR} to cni.bin_dirs (containernetworking-plugins put it there)"
+            if Path(DEBIAN_CNI_DIR, "bridge").exists() else
             "apt-get install containernetworking-plugins",
         )
     conf = Path(cfg.cni.conf_dir)
@@ -151,23 +184,68 @@ def _disk(cfg: Config) -> Check:
     return Check("disk", True, detail)
 
 
+@contextlib.contextmanager
+def _existing_or_stand_in(path: Path, mode: int) -> Iterator[tuple[Path, str]]:
+    """`path`, or where it does not exist yet, a fresh dir of the mode pycri would give
+    it in its nearest existing parent (the filesystem `path` will be made on), removed
+    afterwards; with a note saying which."""
+    if path.is_dir():
+        yield path, ""
+        return
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    stand_in = parent / f".pycri-check-{secrets.token_hex(4)}"
+    os.mkdir(stand_in, mode)
+    try:
+        yield stand_in, f"{path} does not exist yet: probed beside {parent}"
+    finally:
+        stand_in.rmdir()
+
+
+def _probe_kernel(cfg: Config) -> tuple[str | None, str]:
+    """The start-up probe, on the configured dirs or on stand-ins where pycri never ran."""
+    with contextlib.ExitStack() as stack:
+        try:
+            store, note1 = stack.enter_context(_existing_or_stand_in(Path(cfg.root), 0o700))
+            area, note2 = stack.enter_context(
+                _existing_or_stand_in(mounts.rootfs_area(cfg.state), 0o711))
+        except OSError as e:
+            return f"not probed: {e}", ""
+        return userns.probe_kernel(store, area), "; ".join(n for n in (note1, note2) if n)
+
+
 def _user_namespaces(cfg: Config) -> Iterator[Check]:
-    """What `Status` advertises as features.user_namespaces, with the reason where not."""
-    area, store = mounts.rootfs_area(cfg.state), Path(cfg.root)
-    if area.is_dir() and store.is_dir():
-        kernel = userns.probe_kernel(store, area)
-    else:
-        kernel = f"not probed: {area} or {store} does not exist yet (start pycri once)"
+    """What `Status` advertises as features.user_namespaces, with the reason where not.
+    Optional: only pods with hostUsers: false need them."""
+    kernel, note = _probe_kernel(cfg)
     for name, h in sorted(cfg.runtimes.items()):
         problem = kernel or userns.runtime_problem(_version(h.path))
         if problem:
             yield Check(f"user namespaces ({name})", False, problem,
                         "see README: user namespaces need kernel idmapped mounts under "
                         "overlayfs, runc >= 1.1 or crun >= 1.8, and a state dir others can "
-                        "search (0711)")
+                        "search (0711)", optional=True)
         else:
             yield Check(f"user namespaces ({name})", True,
-                        "pods with hostUsers: false can run (idmapped layers and volumes)")
+                        "pods with hostUsers: false can run (idmapped layers and volumes)"
+                        + (f" ({note})" if note else ""))
+
+
+def _criu_fix(c: CheckpointConfig, probe: Probe) -> str:
+    """What to do about CRIU on this host: installing the packaged CRIU does not help
+    where the one installed is what fails."""
+    until = "; checkpoint RPCs answer FailedPrecondition until then"
+    if not os.access(c.criu, os.X_OK):
+        return (f"apt-get install criu (or set checkpoint.criu to a CRIU that passes "
+                f"`criu check` on this kernel){until}")
+    if not probe.lasting:
+        return f"run pycri check again on a quieter host, or raise checkpoint.check_timeout{until}"
+    if probe.detail:
+        return (f"the installed CRIU ({probe.detail} at {c.criu}) fails `criu check` on this "
+                f"kernel (Linux {os.uname().release}): a newer CRIU is needed; build a "
+                f"release that supports this kernel and set checkpoint.criu to it{until}")
+    return f"set checkpoint.criu to a CRIU binary that runs on this machine{until}"
 
 
 def _checkpoint(cfg: Config) -> Iterator[Check]:
@@ -175,28 +253,24 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
     c = cfg.checkpoint
     criu = asyncio.run(probe_criu(c))
     yield Check("checkpoint/restore (CRIU)", criu.problem is None, criu.problem or criu.detail,
-                "" if criu.problem is None else
-                "install a CRIU that supports this kernel (apt-get install criu), or set "
-                "checkpoint.criu; checkpoint RPCs answer FailedPrecondition until then",
-                optional=True)
-    for name, h in cfg.runtimes.items():
-        if not os.access(h.path, os.X_OK):
-            continue  # reported by its own runtime check
-        rt = asyncio.run(probe_runtime(name, h.path, c.check_timeout))
+                "" if criu.problem is None else _criu_fix(c, criu), optional=True)
+    runtimes = {name: asyncio.run(probe_runtime(name, h.path, c.check_timeout))
+                for name, h in cfg.runtimes.items()
+                if os.access(h.path, os.X_OK)}  # a missing one has its own runtime check
+    able = [name for name, rt in runtimes.items() if rt.problem is None]
+    for name, rt in runtimes.items():
+        fix = "" if rt.problem is None else (
+            f"point runtimes.{name}.path at a {Path(cfg.runtimes[name].path).name} built "
+            "with CRIU" + (f", or checkpoint pods of handler {', '.join(able)}" if able else ""))
         yield Check(f"checkpoint with {name}", rt.problem is None, rt.problem or rt.detail,
-                    "" if rt.problem is None else f"use a {name} built with CRIU support",
-                    optional=True)
+                    fix, optional=True)
 
 
 def run_checks(cfg: Config) -> list[Check]:
+    """Every check, in order; a Check not `optional` that fails is one the config needs."""
     producers: list[Callable[[], Check | Iterator[Check]]] = [
-        *(
-            (lambda n=name, h=h: _binary(f"runtime {n}", h.path, n))
-            for name, h in cfg.runtimes.items()
-        ),
-        lambda: _binary("conmon", cfg.conmon, "conmon"),
-        lambda: _binary("infra (catatonit)", cfg.infra_binary, "catatonit"),
-        _cgroups,
+        lambda: _binaries(cfg),
+        lambda: _cgroups(cfg),
         _overlay,
         _namespaces,
         lambda: _cni(cfg),

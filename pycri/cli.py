@@ -106,7 +106,8 @@ def config_cmd(config_path: Path | None, **overrides: Any) -> None:
 @main.command()
 @_config_options
 def check(config_path: Path | None, **overrides: Any) -> None:
-    """Inspect the host: what works, what doesn't, and how to fix it."""
+    """Inspect the host: what works, what doesn't, and how to fix it. Exits 1 when
+    something the config needs fails ([FAIL]); optional features only warn."""
     from pycri.check import run_checks
 
     cfg = _load(config_path, check_binaries=False, **overrides)
@@ -118,6 +119,8 @@ def check(config_path: Path | None, **overrides: Any) -> None:
             failed += not result.optional
             if result.fix:
                 click.echo(f"       fix: {result.fix}")
+    if failed:
+        click.echo(f"pycri check: {failed} required check{'s' * (failed > 1)} failed", err=True)
     sys.exit(1 if failed else 0)
 
 

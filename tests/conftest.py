@@ -15,9 +15,13 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2_grpc as pb_grpc
+from tests.lib import tools
 
 REPO = Path(__file__).resolve().parent.parent
 START_TIMEOUT = 20.0
+# Where the "not exercised" lines go (hack/test.sh prints them last); unset: the
+# terminal summary.
+NOT_EXERCISED_FILE = "PYCRI_NOT_EXERCISED_FILE"
 
 
 @dataclass
@@ -166,3 +170,14 @@ def cri(pycri: PycriProcess) -> Iterator[CRIClient]:
 def _root_only(request: pytest.FixtureRequest) -> None:
     if request.node.get_closest_marker("e2e") and os.geteuid() != 0:
         pytest.skip("end-to-end tests run as root")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say what a green run did not cover: one line per capability whose tool is missing."""
+    lines = tools.not_exercised(terminalreporter.stats.get("skipped", []))
+    if target := os.environ.get(NOT_EXERCISED_FILE):
+        Path(target).write_text("".join(f"{line}\n" for line in lines))
+    elif lines:
+        terminalreporter.section("not exercised")
+        for line in lines:
+            terminalreporter.write_line(line)

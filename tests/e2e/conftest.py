@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -20,14 +19,16 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
+from pycri.config import CheckpointConfig
 from tests.conftest import CRIClient, PycriProcess
-from tests.lib import images
+from tests.lib import images, tools
 from tests.lib.registry import Registry
 
 TAG = secrets.token_hex(2)
-# The criu binary the nodes use (PYCRI_TEST_CRIU, else `criu` on PATH): checkpoint tests
-# run where its `criu check` passes and say why they are skipped elsewhere.
-CRIU = os.environ.get("PYCRI_TEST_CRIU") or shutil.which("criu") or "/usr/sbin/criu"
+# The criu binary the nodes use (tests/lib/tools.py: PYCRI_TEST_CRIU, else `criu` on
+# PATH, else the config's default): checkpoint tests run where its `criu check` passes
+# and say why they are skipped elsewhere.
+CRIU = tools.find("criu") or CheckpointConfig().criu
 RECHECK_TIMEOUT = 60.0  # s for a restarted daemon's recheck (a few records in tests)
 _n = count(1)
 _octet = secrets.randbelow(200)

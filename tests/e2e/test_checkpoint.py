@@ -7,11 +7,8 @@ what is missing; bad requests are refused and change nothing, on any host."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
-import os
-import shutil
 import signal
 import subprocess
 import tarfile
@@ -25,10 +22,8 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
-from pycri.checkpoint.support import probe_criu
-from pycri.config import CheckpointConfig
 from tests.e2e.conftest import CRIU, Node
-from tests.lib import images
+from tests.lib import images, tools
 from tests.lib.registry import Registry
 
 pytestmark = pytest.mark.e2e
@@ -36,10 +31,8 @@ pytestmark = pytest.mark.e2e
 COUNTER = ["sh", "-c", "i=0; while true; do echo $i > /tmp/c; i=$((i+1)); sleep 0.1; done"]
 # checkpointctl, where there is one (PYCRI_TEST_CHECKPOINTCTL, else on PATH), must read
 # the archive.
-CHECKPOINTCTL = os.environ.get("PYCRI_TEST_CHECKPOINTCTL") or shutil.which("checkpointctl")
-CRIU_PROBLEM = asyncio.run(probe_criu(CheckpointConfig(criu=CRIU, check_timeout=120))).problem
-needs_criu = pytest.mark.skipif(bool(CRIU_PROBLEM), reason=f"CRIU cannot work here: "
-                                f"{CRIU_PROBLEM} (set PYCRI_TEST_CRIU to a criu that can)")
+CHECKPOINTCTL = tools.find("checkpointctl")
+needs_criu = tools.needs("criu", "checkpoint/restore with CRIU")
 
 
 def refused(call: Callable[[Any], Any], request: Any, code: grpc.StatusCode) -> str:

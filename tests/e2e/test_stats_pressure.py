@@ -16,12 +16,13 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
+from tests.lib import tools
 
 pytestmark = pytest.mark.e2e
 
 MiB = 1 << 20
-CRICTL = "/usr/local/bin/crictl"
 CGROUPS = Path("/sys/fs/cgroup")
+CRICTL_JSON = "crictl JSON output"
 # Four spinners on a fifth of a CPU: they wait for CPU almost all the time, so the
 # container's cpu pressure grows while it costs the (shared) machine little.
 BURN = ["sh", "-c", "for i in 1 2 3 4; do (while :; do :; done) & done; wait"]
@@ -151,12 +152,14 @@ def test_pod_pressure_and_available_memory(node: Node, pod_cgroup: str) -> None:
     assert_psi(linux.containers[0].cpu.psi)
 
 
+@tools.needs("crictl", CRICTL_JSON)
 def test_crictl_stats_json(node: Node) -> None:
     sid, pod = run_pod(node, "crictl")
     cid = node.run(sid, pod, "busy", BURN, linux=pb.LinuxContainerConfig(resources=LIMITS))
     time.sleep(1)
+    crictl = tools.require("crictl", CRICTL_JSON)
     out = subprocess.run(
-        [CRICTL, "--runtime-endpoint", f"unix://{node.proc.socket}", "stats", "-o", "json",
+        [crictl, "--runtime-endpoint", f"unix://{node.proc.socket}", "stats", "-o", "json",
          "--id", cid], capture_output=True, text=True, timeout=60, check=True).stdout
     [s] = json.loads(out)["stats"]
     assert s["attributes"]["id"] == cid

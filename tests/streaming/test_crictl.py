@@ -10,23 +10,21 @@ import select
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
+from tests.lib import tools
 
-CRICTL = Path("/usr/local/bin/crictl")
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(not CRICTL.exists(), reason="needs crictl at /usr/local/bin/crictl"),
-]
+CAPABILITY = "exec, attach and port-forward through crictl"
+pytestmark = [pytest.mark.e2e, tools.needs("crictl", CAPABILITY)]
 TRANSPORTS = pytest.mark.parametrize("transport", ["spdy", "websocket"])
 
 
 def crictl(node: Node, *args: str, **kw: object) -> list[str]:
-    return [str(CRICTL), "--runtime-endpoint", f"unix://{node.proc.socket}", *args]
+    path = tools.require("crictl", CAPABILITY)
+    return [path, "--runtime-endpoint", f"unix://{node.proc.socket}", *args]
 
 
 @TRANSPORTS
@@ -42,9 +40,10 @@ def test_crictl_exec(node: Node, transport: str) -> None:
     assert done.returncode == 1 and "command terminated with exit code 4" in done.stderr
 
     # -it through a terminal we allocate: what we type is echoed back by the shell.
+    argv = crictl(node, "exec", *t, "-it", cid, "sh")
     pid, master = pty.fork()
     if pid == 0:  # pragma: no cover - child
-        os.execv(str(CRICTL), crictl(node, "exec", *t, "-it", cid, "sh"))
+        os.execv(argv[0], argv)
     try:
         output = b""
         os.write(master, b"echo $((6*7)); exit 5\n")
