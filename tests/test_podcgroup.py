@@ -24,6 +24,20 @@ def test_v2_files_and_delegation(tmp_path: Path) -> None:
         assert (d / "cgroup.subtree_control").read_text() == "+cpu +memory"
 
 
+def test_v2_unified_files(tmp_path: Path) -> None:
+    """A kubelet >= 1.32 on cgroup v2 asks for memory.oom.group on the pod (issue 25)."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    limits = {"memory": {"limit": 64 << 20}, "unified": {"memory.oom.group": "1"}}
+    podcgroup.create(podcgroup.path_for("s1"), limits, root=tmp_path)
+    assert (tmp_path / "pycri" / "pod-s1" / "memory.oom.group").read_text() == "1"
+
+
+def test_v1_has_no_unified_files(tmp_path: Path) -> None:
+    podcgroup.create(podcgroup.path_for("s1"), {"unified": {"memory.oom.group": "1"}},
+                     root=tmp_path)
+    assert not list(tmp_path.rglob("memory.oom.group"))
+
+
 def test_v1_files(tmp_path: Path) -> None:
     podcgroup.create(podcgroup.path_for("s1"), {"memory": {"limit": 1 << 30}}, root=tmp_path)
     assert (tmp_path / "memory/pycri/pod-s1/memory.limit_in_bytes").read_text() == str(1 << 30)

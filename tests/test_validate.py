@@ -167,8 +167,18 @@ BAD: list[tuple[str, object, str]] = [
      "config.port_mappings[0].protocol: 7 is not a known Protocol"),
     ("unknown namespace mode", csc(namespace_options=pb.NamespaceOption(pid=9)),  # type: ignore[arg-type]
      "namespace_options.pid: 9 is not a known NamespaceMode"),
-    ("too many envs", ctr(envs=[pb.KeyValue(key="K")] * (MAX_ITEMS + 1)),
-     f"config.envs: more than {MAX_ITEMS} entries"),
+    ("too many args", ctr(args=["a"] * (MAX_ITEMS + 1)),
+     f"config.args: more than {MAX_ITEMS} entries"),
+    ("pod unified key cgroup.procs", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(unified={"cgroup.procs": "1"}))),
+     "config.linux.resources.unified['cgroup.procs'] (key): is not a cgroup v2"),
+    ("overhead unified key with a path", run(linux=pb.LinuxPodSandboxConfig(
+        overhead=pb.LinuxContainerResources(unified={"memory.../x": "1"}))),
+     "config.linux.overhead.unified['memory.../x'] (key): is not a cgroup v2"),
+    ("container unified key outside the controllers", ctr(linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(unified={"cgroup.subtree_control": "+cpu"}))),
+     "is not a cgroup v2 controller file"),
+    ("NUL in an argument", ctr(args=["a\x00b"]), "config.args[0]: contains a NUL byte"),
     ("too many labels", run(labels={str(i): "v" for i in range(MAX_ITEMS + 1)}),
      "config.labels: more than"),
     ("annotations too large", run(annotations={f"k{i}": "v" * 200_000 for i in range(3)}),
@@ -304,6 +314,21 @@ GOOD: list[tuple[str, object]] = [
     ("crictl hostname with _", run(hostname="crictl_host")),
     ("node FQDN hostname", run(hostname="ip-10-0-0-1.eu-west-1.compute.internal")),
     ("hostname of 63", run(hostname="h" * 63)),
+    # What else a kubelet sends that the first rules refused (issue 25; docs/cri-fields.md
+    # "What the gate refuses"): a kubelet >= 1.32 on cgroup v2 asks for memory.oom.group on
+    # the pod; service links make 7 env vars per Service of the namespace; command, args
+    # and annotation values are any string the API took.
+    ("kubelet pod on cgroup v2", run(linux=pb.LinuxPodSandboxConfig(
+        resources=pb.LinuxContainerResources(unified={"memory.oom.group": "1"}),
+        overhead=pb.LinuxContainerResources(unified={"memory.oom.group": "1"})))),
+    ("kubelet container on cgroup v2 with MemoryQoS", ctr(linux=pb.LinuxContainerConfig(
+        resources=pb.LinuxContainerResources(
+            unified={"memory.oom.group": "1", "memory.min": "0", "memory.high": "max"})))),
+    ("service links of 1,500 Services", ctr(envs=[
+        pb.KeyValue(key=f"SVC_{i}_SERVICE_PORT_HTTP_TCP_ADDR", value=b"10.96.0.1")
+        for i in range(10_500)])),
+    ("control characters in args", ctr(command=["printf"], args=["\x1b[1mhi\x07\x0c"])),
+    ("control character in an annotation value", run(annotations={"note": "a\x01b\x7f"})),
     # The kubelet's forms (issue 25): pod names are DNS subdomains (dots allowed), and
     # setHostnameAsFQDN gives <name>.<subdomain>.<ns>.svc.<cluster domain> of at most 64,
     # ending in '.' when the cluster domain is empty.

@@ -467,7 +467,8 @@ def cgroups_path(parent: str, driver: str, object_id: str) -> str:
 def pod_limits(linux: pb.LinuxPodSandboxConfig) -> dict[str, Any]:
     """OCI-style cpu/memory limits of a pod cgroup pycri creates itself: the pod-level
     `resources` plus the handler's `overhead`, as the kubelet sizes the pod cgroups it
-    owns. A limit the pod does not set stays unset: overhead alone bounds nothing.
+    owns, and the pod's cgroup v2 `unified` files. A limit the pod does not set stays
+    unset: overhead alone bounds nothing.
     """
     res, ovh = linux.resources, linux.overhead
     cpu: dict[str, Any] = {}
@@ -480,6 +481,8 @@ def pod_limits(linux: pb.LinuxPodSandboxConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"cpu": cpu} if cpu else {}
     if res.memory_limit_in_bytes > 0:
         out["memory"] = {"limit": res.memory_limit_in_bytes + max(0, ovh.memory_limit_in_bytes)}
+    if res.unified:
+        out["unified"] = dict(res.unified)
     return out
 
 

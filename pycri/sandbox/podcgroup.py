@@ -83,6 +83,8 @@ def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
             files[d / "cpu.max"] = f"{cpu['quota']} {cpu['period']}"
         if "limit" in memory:
             files[d / "memory.max"] = str(memory["limit"])
+        # Controller files the gate let through (memory.oom.group, ...); v1 has none.
+        files.update((d / name, value) for name, value in limits.get("unified", {}).items())
         return list(files.items())
     c, m = root / "cpu" / rel, root / "memory" / rel
     if reset:

@@ -9,12 +9,13 @@ is covered the day it is added, and a value that reaches a path, an
 environment variable, CNI_ARGS or a runtime call is known to be well formed.
 
 Rules, most general first:
-- every string: no NUL; no other C0 control character or DEL, except tab, LF
-  and CR in free text (command lines, annotation values, registry
-  credentials), which legitimately carry them; a length bound by kind
+- every string: no NUL; no other C0 control character or DEL, except in free
+  text (command lines, annotation values, registry credentials), which the
+  Kubernetes API lets carry any of them; a length bound by kind
   (names 253, IDs 128, hostnames 64, paths 4096, free text 1 MiB, others 16 KiB);
 - every enum holds a value the CRI defines; every repeated field and map has at
-  most 10,000 entries; labels and annotations at most 512 KiB each in total;
+  most 10,000 entries (env vars 1,000,000); labels and annotations at most 512 KiB
+  each in total;
 - integer ranges where the kernel or the CRI has them;
 - per field: names, IDs, hostnames, log paths, mount and device paths, sysctl names,
   host IPs; per message: rules across fields (a host port needs a container port);
@@ -40,6 +41,9 @@ from pycri.errors import InvalidArgument
 from pycri.oci.bindopts import option_problem
 
 MAX_ITEMS = 10_000
+# A kubelet turns every Service of a namespace into 7 env vars (enableServiceLinks, on by
+# default): 1,500 Services make 10,500. Their size stays bound by gRPC's message limit.
+MAX_ITEMS_OF: dict[tuple[str, str], int] = {("ContainerConfig", "envs"): 1_000_000}
 # Kubernetes caps a pod's annotations at 256 KiB; the kubelet adds its own keys on top.
 MAX_MAP_BYTES = 512 * 1024
 SIZED_MAPS = ("labels", "annotations")
@@ -57,7 +61,7 @@ class Kind:
     """How a string field is checked."""
 
     max_len: int = 16 * 1024
-    free_text: bool = False  # tab, LF and CR allowed
+    free_text: bool = False  # only NUL refused: execve, JSON and the API take the rest
     check: Check | None = None
 
 
@@ -67,7 +71,8 @@ _SYSCTL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/]*")
 _CPUSET_RE = re.compile(r"\d{1,5}(-\d{1,5})?(,\d{1,5}(-\d{1,5})?)*")
 _PAGE_SIZE_RE = re.compile(r"\d{1,4}[KMGT]B")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_CONTROL_IN_TEXT = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")  # tab, LF, CR allowed
+_NUL = re.compile(r"\x00")  # free text: any other character is an argument or a value
+_CGROUP_FILE_RE = re.compile(r"(cpu|cpuset|io|memory|pids|hugetlb|rdma|misc)\.[a-z0-9_.]+")
 
 
 def _name(value: str) -> Problem:
@@ -147,6 +152,14 @@ def _log_path(value: str) -> Problem:
     return _long_component(value)
 
 
+def _cgroup_file(value: str) -> Problem:
+    """`unified` keys name a file in the cgroup v2 directory pycri or the runtime writes:
+    a controller's interface file, never cgroup.procs or a path."""
+    if not _CGROUP_FILE_RE.fullmatch(value) or ".." in value:
+        return "is not a cgroup v2 controller file (like memory.oom.group)"
+    return None
+
+
 def _sysctl(value: str) -> Problem:
     if not _SYSCTL_RE.fullmatch(value) or ".." in value.split("/") or "//" in value:
         return "is not a sysctl name (like net.ipv4.ip_forward)"
@@ -208,6 +221,8 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("LinuxContainerSecurityContext", "masked_paths"): PATH,
     ("LinuxContainerResources", "cpuset_cpus"): Kind(max_len=4096, check=_cpuset),
     ("LinuxContainerResources", "cpuset_mems"): Kind(max_len=4096, check=_cpuset),
+    ("LinuxContainerResources", "unified.key"): Kind(max_len=64, check=_cgroup_file),
+    ("PodOverhead", "unified.key"): Kind(max_len=64, check=_cgroup_file),
     ("HugepageLimit", "page_size"): Kind(max_len=16, check=_page_size),
     ("LinuxPodSandboxConfig", "sysctls.key"): Kind(max_len=253, check=_sysctl),
     ("ImageSpec", "image"): Kind(max_len=1024),
@@ -373,9 +388,11 @@ def _pod_sysctls(linux: Any) -> Problem:
     return None
 
 
-# What a pod's cgroup takes: the four values the kubelet computes for a pod (and
-# containerd's sandbox annotations carry); anything else would be silently dropped.
-POD_LEVEL_RESOURCES = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes")
+# What a pod's cgroup takes: the values the kubelet computes for a pod (and containerd's
+# sandbox annotations carry), with `unified` (memory.oom.group=1 from a kubelet >= 1.32 on
+# cgroup v2); anything else would be silently dropped.
+POD_LEVEL_RESOURCES = ("cpu_period", "cpu_quota", "cpu_shares", "memory_limit_in_bytes",
+                       "unified")
 
 
 def _pod_resources(linux: Any) -> Problem:
@@ -512,8 +529,9 @@ def _walk(msg: Message, prefix: str, as_name: str = "") -> None:
         if field.message_type is not None and field.message_type.GetOptions().map_entry:
             _check_map(name, field, value, where)
         elif field.is_repeated:
-            if len(value) > MAX_ITEMS:
-                raise InvalidArgument(f"{where}: more than {MAX_ITEMS} entries")
+            most = MAX_ITEMS_OF.get((name, field.name), MAX_ITEMS)
+            if len(value) > most:
+                raise InvalidArgument(f"{where}: more than {most} entries")
             for i, item in enumerate(value):
                 _check_value(name, field.name, field, item, f"{where}[{i}]")
         else:
@@ -567,7 +585,7 @@ def _string_problem(value: str, kind: Kind) -> Problem:
         return f"longer than {kind.max_len} characters ({len(value)})"
     # isprintable() is the fastest scan in C; only strings it rejects are searched.
     bad = None if value.isprintable() else (
-        _CONTROL_IN_TEXT if kind.free_text else _CONTROL).search(value)
+        _NUL if kind.free_text else _CONTROL).search(value)
     if bad:
         o = ord(bad.group())
         return "contains a NUL byte" if o == 0 else f"contains control character {o:#04x}"

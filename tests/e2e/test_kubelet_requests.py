@@ -1,5 +1,8 @@
-"""Pod hostnames in every form an unmodified kubelet sends (issue 25): a pod that asks for
-one starts, and `hostname` and `hostname -f` in its container print what was meant."""
+"""Requests as an unmodified kubelet builds them, at the limits of the gate's rules
+(issue 25; the comparison is in docs/cri-fields.md, "What the gate refuses"): each
+starts a pod and a container that see what was meant. Hostnames in every form, with
+`hostname` and `hostname -f` printing them; and what a kubelet on cgroup v2, a namespace
+with many Services and any string the API took make of a pod."""
 
 from __future__ import annotations
 
@@ -46,3 +49,22 @@ def test_kubelet_fqdn_is_refused_where_the_kernel_cannot_take_it(node: Node) -> 
         node.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg))
     assert "config.hostname: longer than 64" in str(err.value)
     assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
+
+
+def test_kubelet_pod_on_cgroup_v2_with_service_links_and_any_argument(node: Node) -> None:
+    """A kubelet >= 1.32 on cgroup v2 asks for memory.oom.group on the pod and its
+    containers; enableServiceLinks gives 7 env vars per Service (1,500 Services: 10,500);
+    args and annotation values hold any character but NUL."""
+    unified = {"memory.oom.group": "1"}
+    sid, pod = node.run_pod(
+        "v2", annotations={"note": "bell\x07 and \x1b[1mbold\x1b[0m"},
+        linux=pb.LinuxPodSandboxConfig(
+            resources=pb.LinuxContainerResources(cpu_shares=2, unified=unified),
+            overhead=pb.LinuxContainerResources(unified=unified)))
+    assert node.pod_status(sid).state == pb.SANDBOX_READY
+    envs = [pb.KeyValue(key=f"SVC_{i}_SERVICE_HOST", value=b"10.96.0.1") for i in range(10_500)]
+    cid = node.run(sid, pod, "c", ["sh", "-c", 'printf "%s" "$1" > /tmp/arg; sleep 300', "sh",
+                                   "tab\there\x0cff\x1b"], envs=envs)
+    assert node.exec(cid, "cat", "/tmp/arg").stdout == b"tab\there\x0cff\x1b"
+    seen = node.exec(cid, "sh", "-c", "echo $SVC_10499_SERVICE_HOST; env | grep -c ^SVC_")
+    assert seen.stdout.decode().split() == ["10.96.0.1", "10500"]
