@@ -193,7 +193,7 @@ BAD: list[tuple[str, object, str]] = [
         resources=pb.LinuxContainerResources(hugepage_limits=[pb.HugepageLimit(
             page_size="{W", limit=1)]))), "hugepage_limits[0].page_size: is not a huge page"),
     ("memory below the floor", res(memory_limit_in_bytes=256),
-     "resources.memory_limit_in_bytes: 256 is outside 12582912"),
+     "resources.memory_limit_in_bytes: 256 is outside 4096"),
     ("swap without memory", res(memory_swap_limit_in_bytes=20 << 20),
      "memory_swap_limit_in_bytes: needs memory_limit_in_bytes"),
     ("swap below memory", res(memory_limit_in_bytes=256 << 20,
@@ -241,8 +241,8 @@ BAD: list[tuple[str, object, str]] = [
      "security_context.readonly_paths[0]: must be an absolute path"),
     # pod overhead and pod-level resources (issue 15)
     ("pod memory below the floor", run(linux=pb.LinuxPodSandboxConfig(
-        resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20))),
-     "config.linux.resources.memory_limit_in_bytes: 1048576 is outside"),
+        resources=pb.LinuxContainerResources(memory_limit_in_bytes=1024))),
+     "config.linux.resources.memory_limit_in_bytes: 1024 is outside"),
     ("negative overhead memory", run(linux=pb.LinuxPodSandboxConfig(
         overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-5))),
      "config.linux.overhead.memory_limit_in_bytes: -5 is outside"),
@@ -277,8 +277,8 @@ BAD: list[tuple[str, object, str]] = [
     ("resize of no pod", pb.UpdatePodSandboxResourcesRequest(
         resources=pb.LinuxContainerResources(cpu_shares=2)), "pod_sandbox_id: must be set"),
     ("resize below the memory floor", pb.UpdatePodSandboxResourcesRequest(
-        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(memory_limit_in_bytes=1 << 20)),
-     "resources.memory_limit_in_bytes: 1048576 is outside"),
+        pod_sandbox_id="ab", resources=pb.LinuxContainerResources(memory_limit_in_bytes=1024)),
+     "resources.memory_limit_in_bytes: 1024 is outside"),
     ("resize with negative overhead", pb.UpdatePodSandboxResourcesRequest(
         pod_sandbox_id="ab", overhead=pb.LinuxContainerResources(memory_limit_in_bytes=-1)),
      "overhead.memory_limit_in_bytes: -1 is outside"),

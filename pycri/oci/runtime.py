@@ -108,7 +108,8 @@ _UNRUNNABLE = ("unable to start container process: exec: ", "executable file not
                "executable file `")
 _CGROUP_REFUSALS = ("error setting cgroup config", "unable to apply cgroup configuration",
                     "Setting back cgroup configs failed",
-                    "unable to set memory limit")
+                    "unable to set memory limit",
+                    "container init was OOM-killed")  # runc: a limit too low to start in
 
 
 class OCIRuntime:

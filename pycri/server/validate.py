@@ -47,7 +47,7 @@ MAX_ITEMS_OF: dict[tuple[str, str], int] = {("ContainerConfig", "envs"): 1_000_0
 # Kubernetes caps a pod's annotations at 256 KiB; the kubelet adds its own keys on top.
 MAX_MAP_BYTES = 512 * 1024
 SIZED_MAPS = ("labels", "annotations")
-MIN_MEMORY = 12 * 1024 * 1024
+MIN_MEMORY = os.sysconf("SC_PAGE_SIZE")  # below one page the limit rounds to nothing
 NAME_MAX = 255  # bytes in one path component (the kernel's limit)
 HOST_NAME_MAX = 64  # bytes sethostname(2) takes; the kubelet's FQDN limit too
 UID_MAX = 2**32 - 2  # (uid_t)-1 means "unchanged" to the kernel
@@ -278,7 +278,9 @@ RANGES: dict[tuple[str, str], Check] = {
     # The kernel takes CFS periods of 1 ms..1 s and quotas of at least 1 ms; 0 is unset.
     ("LinuxContainerResources", "cpu_period"): _between(1000, 1_000_000, 0),
     ("LinuxContainerResources", "cpu_quota"): _between(1000, _I64_MAX, 0, -1),
-    # Below a few MiB a container cannot even start; CRI-O uses the same 12 MiB floor.
+    # At least a page. A limit the runtime cannot start a container in (1-2 MiB with runc
+    # here) is refused by it, as InvalidArgument with the kernel's words; 4 MiB runs, and
+    # the API lets a pod ask for it, so no higher floor is the gate's to set (issue 25).
     ("LinuxContainerResources", "memory_limit_in_bytes"): _between(MIN_MEMORY, _I64_MAX, 0),
     ("LinuxContainerResources", "memory_swap_limit_in_bytes"): _between(-1, _I64_MAX),
     ("PortMapping", "container_port"): _PORT,

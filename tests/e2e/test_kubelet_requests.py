@@ -6,6 +6,7 @@ with many Services and any string the API took make of a pod."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
@@ -68,3 +69,21 @@ def test_kubelet_pod_on_cgroup_v2_with_service_links_and_any_argument(node: Node
     assert node.exec(cid, "cat", "/tmp/arg").stdout == b"tab\there\x0cff\x1b"
     seen = node.exec(cid, "sh", "-c", "echo $SVC_10499_SERVICE_HOST; env | grep -c ^SVC_")
     assert seen.stdout.decode().split() == ["10.96.0.1", "10500"]
+
+
+def test_memory_limit_the_api_allows_runs_and_one_runc_cannot_start_in_is_refused(
+        node: Node) -> None:
+    """`memory: 4Mi` is a valid pod: it runs (the 12 MiB floor refused it). 1 MiB is
+    below what runc needs to set up the container: InvalidArgument, nothing left."""
+    sid, pod = node.run_pod("small")
+    small = pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+        memory_limit_in_bytes=4 << 20))
+    cid = node.run(sid, pod, "c", ["sleep", "300"], linux=small)
+    assert node.exec(cid, "echo", "ok").stdout == b"ok\n"
+    tiny = pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(
+        memory_limit_in_bytes=1 << 20))
+    with pytest.raises(grpc.RpcError) as err:
+        node.create(sid, pod, "tiny", ["sleep", "300"], linux=tiny)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
+    listed = node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
+    assert [c.id for c in listed] == [cid]

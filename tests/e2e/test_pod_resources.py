@@ -23,7 +23,7 @@ R = pb.LinuxContainerResources
 RESOURCES = R(cpu_period=100000, cpu_quota=50000, cpu_shares=512,
               memory_limit_in_bytes=96 << 20)
 OVERHEAD = R(cpu_period=100000, cpu_quota=10000, cpu_shares=100,
-             memory_limit_in_bytes=8 << 20)  # below the containers' 12 MiB floor: allowed
+             memory_limit_in_bytes=8 << 20)
 SLEEP = ["sleep", "1000"]
 
 
@@ -97,13 +97,18 @@ def test_kubelets_cgroup_parent_is_never_written(node: Node, kube_parent: str) -
     node.cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sid))
 
 
-def test_invalid_pod_limit_is_refused_with_nothing_created(node: Node) -> None:
+@pytest.mark.parametrize(("limit", "said"), [
+    (1024, "config.linux.resources.memory_limit_in_bytes"),  # the gate: below a page
+    (1 << 20, "memory limit too low"),  # runc's: its init cannot start in 1 MiB
+])
+def test_invalid_pod_limit_is_refused_with_nothing_created(
+        node: Node, limit: int, said: str) -> None:
     cfg = node.pod_config("bad", linux=pb.LinuxPodSandboxConfig(
-        resources=R(memory_limit_in_bytes=1 << 20)))
+        resources=R(memory_limit_in_bytes=limit)))
     with pytest.raises(grpc.RpcError) as e:
         node.cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=cfg))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "config.linux.resources.memory_limit_in_bytes" in (e.value.details() or "")
+    assert said in (e.value.details() or "")
     assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
     sandboxes = node.tmp / "root" / "sandboxes"
     assert not sandboxes.exists() or not list(sandboxes.iterdir())
