@@ -25,7 +25,6 @@ import os
 import platform
 import re
 import shutil
-import threading
 import time
 import uuid
 from collections import Counter
@@ -35,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pycri import errors, malloc, metrics
 from pycri.config import ImagesConfig
-from pycri.image import reference, schema, threads
+from pycri.image import reference, schema
 from pycri.image.auth import Auth
 from pycri.image.content import ContentStore
 from pycri.image.regconf import Endpoint, RegistriesConf
@@ -43,6 +42,7 @@ from pycri.image.snapshots import Idmap, Snapshotter, _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
 from pycri.image.unpack import Bound, disk_usage, unpack_layer
 from pycri.store.db import Record, Store
+from pycri.together import in_thread
 
 if TYPE_CHECKING:  # the registry client (httpx) is imported on the first pull, not at start
     from pycri.image.registry import RegistryClient
@@ -419,9 +419,11 @@ class ImageManager:
         if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
             return
         blob, dest = self.content.path(layer.digest), self._layers / chain
-        stop = threading.Event()
-        used, inodes = await threads.run(lambda: unpack_layer(
-            blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size), stop), stop=stop)
+        # Cancelled (no pull waits any more), the thread still ends before the task does,
+        # so a layer cannot land after the pull's sweep: a local unpack, bounded in size.
+        used, inodes = await in_thread(
+            lambda: unpack_layer(blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size))
+        )
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
 

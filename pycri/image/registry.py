@@ -26,10 +26,10 @@ import httpx
 
 from pycri import errors, metrics
 from pycri.config import ImagesConfig
-from pycri.image import threads
 from pycri.image.auth import Auth, parse_challenge
 from pycri.image.content import BlobWriter, DigestMismatch
 from pycri.image.regconf import Endpoint, is_loopback
+from pycri.together import in_thread
 
 log = logging.getLogger("pycri.image.registry")
 
@@ -263,8 +263,9 @@ class RegistryClient:
                 async for chunk in resp.aiter_raw(CHUNK):
                     dog.progress()
                     metrics.PULL_BYTES.inc(len(chunk))
-                    # Hashing and writing 1 MiB releases the GIL: do it off the event loop.
-                    await threads.run(w.write, chunk)
+                    # Hashing and writing 1 MiB releases the GIL: do it off the event loop
+                    # (and, cancelled, let the write end before the caller's abort).
+                    await in_thread(w.write, chunk)
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:

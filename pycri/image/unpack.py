@@ -20,7 +20,6 @@ import os
 import shutil
 import stat
 import tarfile
-import threading
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import IO
 
 from pycri import errors
-from pycri.image.threads import Stopped
 
 log = logging.getLogger("pycri.image.unpack")
 
@@ -61,20 +59,15 @@ class Bound:
 
 
 class _HashingReader:
-    """Hashes and counts everything read through it (the layer's diff ID); stops the
-    unpack between reads once `stop` is set (the pull was cancelled)."""
+    """Hashes and counts everything read through it (the layer's diff ID)."""
 
-    def __init__(self, f: IO[bytes], bound: Bound, what: str,
-                 stop: threading.Event | None) -> None:
+    def __init__(self, f: IO[bytes], bound: Bound, what: str) -> None:
         self._f = f
         self._bound = bound
         self._what = what
-        self._stop = stop
         self.hash = hashlib.sha256()
 
     def read(self, n: int = -1) -> bytes:
-        if self._stop is not None and self._stop.is_set():
-            raise Stopped(self._what)
         data = self._f.read(n)
         self._bound.spend(len(data), self._what)
         self.hash.update(data)
@@ -283,12 +276,11 @@ class _BoundedTarInfo(tarfile.TarInfo):
 
 
 def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
-                 bound: Bound | None = None,
-                 stop: threading.Event | None = None) -> tuple[int, int]:
+                 bound: Bound | None = None) -> tuple[int, int]:
     """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage.
 
     Nothing is left behind on any failure: a corrupt or hostile layer, a layer over
-    `bound`, the disk filling up (ResourceExhausted), or `stop` set (Stopped)."""
+    `bound`, or the disk filling up (ResourceExhausted)."""
     import zstandard  # on the first unpack: an idle node does not carry it
 
     bound = bound or Bound(2**63, "unbounded")
@@ -297,7 +289,7 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
     try:
         tmp.mkdir(mode=0o755)
         with open(blob, "rb") as raw:
-            reader = _HashingReader(_decompressing(raw), bound, what, stop)
+            reader = _HashingReader(_decompressing(raw), bound, what)
             ex = _Extractor(tmp, bound, what)
             try:
                 with tarfile.open(  # type: ignore[call-overload]
