@@ -57,7 +57,8 @@ class ImagesConfig:
     ca_file: str = ""
     connect_timeout: float = 10.0
     read_timeout: float = 30.0
-    # A pull that moves no byte for this long fails (the kubelet sets no deadline).
+    # A pull that makes no progress for this long fails (the kubelet sets no deadline):
+    # a manifest must arrive whole within it, a blob 1 MiB at least per period.
     pull_progress_timeout: float = 60.0
     max_concurrent_downloads: int = 3
     # Decompression bombs: a layer may unpack to at most ratio x its compressed size (but

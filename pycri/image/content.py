@@ -21,8 +21,9 @@ from pycri import errors
 from pycri.image.reference import is_digest
 
 
-class DigestMismatch(errors.PycriError):
-    """Content did not hash to the digest (or length) it was announced with."""
+class DigestMismatch(errors.InvalidArgument):
+    """Content did not hash to the digest (or length) it was announced with: the image
+    (or its registry) is wrong, and the pull is refused like any other bad image."""
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -28,9 +28,9 @@ import shutil
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Hashable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pycri import errors, malloc, metrics
 from pycri.config import ImagesConfig
@@ -42,6 +42,7 @@ from pycri.image.snapshots import Idmap, Snapshotter, _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
 from pycri.image.unpack import Bound, disk_usage, unpack_layer
 from pycri.store.db import Record, Store
+from pycri.together import in_thread
 
 if TYPE_CHECKING:  # the registry client (httpx) is imported on the first pull, not at start
     from pycri.image.registry import RegistryClient
@@ -51,8 +52,7 @@ log = logging.getLogger("pycri.image")
 IMAGE, LAYER, SNAPSHOT = "image", "image_layer", "image_snapshot"
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
          "i686": "386", "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
-# The shared download/unpack tasks the current pull waits on.
-_joined: contextvars.ContextVar[list[asyncio.Task[None]]] = contextvars.ContextVar("joined")
+T = TypeVar("T")
 _HEX = re.compile(r"^[0-9a-f]{1,64}$")
 
 
@@ -116,7 +116,9 @@ class ImageManager:
         self.snapshots = Snapshotter(root / "snapshots", self._layers, root / "l", root / "empty")
         self._client: RegistryClient | None = None
         self._sem = asyncio.Semaphore(cfg.max_concurrent_downloads)
-        self._inflight: dict[str, asyncio.Task[None]] = {}
+        # Shared work (a pull, a download, an unpack) by key, and how many wait for each.
+        self._inflight: dict[Hashable, asyncio.Task[Any]] = {}
+        self._waiters: Counter[asyncio.Task[Any]] = Counter()
         self._held: Counter[str] = Counter()
         self._pinned: set[str] = set()
         # Bumped on every change of what ImageStatus and ListImages answer (the records,
@@ -226,19 +228,22 @@ class ImageManager:
     # ---- pull --------------------------------------------------------------------------
 
     async def pull(self, ref: str, auth: Auth | None = None) -> str:
-        """Fetch, verify and unpack `ref`; returns the image ID (config digest)."""
-        with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
-            return await self._pull(ref, auth)
-
-    async def _pull(self, ref: str, auth: Auth | None) -> str:
+        """Fetch, verify and unpack `ref`; returns the image ID (config digest). Concurrent
+        pulls of one reference with the same credentials are one pull, which ends (its
+        connections closed, what it fetched dropped) when its last caller is cancelled."""
         r = reference.parse(ref)
+        return await self._shared(("pull", str(r), auth), lambda: self._timed_pull(r, auth))
+
+    async def _timed_pull(self, r: reference.Reference, auth: Auth | None) -> str:
+        with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
+            return await self._pull(r, auth)
+
+    async def _pull(self, r: reference.Reference, auth: Auth | None) -> str:
         if auth is not None:
             auth.basic()  # a malformed `auth` field fails before any network traffic
         conf = RegistriesConf.load(self._cfg.registries_conf, self._cfg.registries_conf_dir)
         endpoints = conf.endpoints(r)
         held: builtins.list[str] = []
-        joined: builtins.list[asyncio.Task[None]] = []
-        _joined.set(joined)
 
         def hold(key: str) -> None:
             self._held[key] += 1
@@ -285,9 +290,8 @@ class ImageManager:
         except BaseExceptionGroup as eg:  # a layer task failed: report its error, not the group
             raise _first_error(eg) from None
         finally:
-            # Work shared with this pull goes on after a failure; let it settle first so
-            # the sweep sees its results (each piece is bounded by the progress timeout).
-            await asyncio.gather(*joined, return_exceptions=True)
+            # Shared work this pull alone waited for has ended (_shared); what others
+            # still wait for is held by them, so the sweep leaves it.
             for key in held:
                 self._held[key] -= 1
                 if self._held[key] <= 0:
@@ -329,22 +333,32 @@ class ImageManager:
             raise errors.NotFound(f"image {r}: no manifest for platform {os_}/{arch}")
         return best[1]
 
-    async def _shared(self, key: str, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        """Run `make` once per key at a time; concurrent callers wait for the same work."""
-        task = self._inflight.get(key)
+    async def _shared(self, key: Hashable, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """Run `make` once per key at a time; concurrent callers wait for the same work.
+        It lives while someone waits for it: the last waiter to leave (its client gone,
+        or a sibling layer of its pull failed) cancels it and waits for its cleanup."""
+        task: asyncio.Task[T] | None = self._inflight.get(key)
         if task is None:
             task = asyncio.create_task(make())
             self._inflight[key] = task
+            task.add_done_callback(functools.partial(self._settled, key))
+        self._waiters[task] += 1
+        try:
+            return await asyncio.shield(task)
+        finally:
+            self._waiters[task] -= 1
+            if not self._waiters[task]:
+                del self._waiters[task]
+                if not task.done():
+                    self._settled(key, task)  # a new caller starts afresh, not cancelled
+                    task.cancel()
+                    await asyncio.wait([task])
 
-            def done(t: asyncio.Task[None]) -> None:
-                if self._inflight.get(key) is t:
-                    del self._inflight[key]
-                if not t.cancelled():
-                    t.exception()  # retrieved: the waiters report it
-
-            task.add_done_callback(done)
-        _joined.get().append(task)
-        await asyncio.shield(task)
+    def _settled(self, key: Hashable, task: asyncio.Task[Any]) -> None:
+        if self._inflight.get(key) is task:
+            del self._inflight[key]
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: the waiters report it
 
     async def _ensure_blob(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
                            size: int) -> None:
@@ -405,7 +419,9 @@ class ImageManager:
         if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
             return
         blob, dest = self.content.path(layer.digest), self._layers / chain
-        used, inodes = await asyncio.to_thread(
+        # Cancelled (no pull waits any more), the thread still ends before the task does,
+        # so a layer cannot land after the pull's sweep: a local unpack, bounded in size.
+        used, inodes = await in_thread(
             lambda: unpack_layer(blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size))
         )
         self.snapshots.link_layer(chain)

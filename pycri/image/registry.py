@@ -5,8 +5,11 @@ over https (system CA or the configured one), or plain http when the endpoint
 is insecure or on loopback and https does not answer. Authentication follows
 the registry's challenge: Basic, or a bearer token fetched from the realm and
 cached per repository. Every network wait is bounded by the pull-progress
-timeout, which restarts whenever a byte arrives, so a stalled registry fails
-the pull instead of hanging the kubelet.
+timeout, which restarts only on progress: a whole manifest, or a response's
+headers and then each CHUNK of a blob. So a stalled registry fails the pull
+instead of hanging the kubelet, and one trickling a byte at a time does too.
+Bodies are read raw (never decompressed) and counted: a manifest stops at
+MAX_MANIFEST bytes, a blob at its descriptor's size.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pycri.config import ImagesConfig
 from pycri.image.auth import Auth, parse_challenge
 from pycri.image.content import BlobWriter, DigestMismatch
 from pycri.image.regconf import Endpoint, is_loopback
+from pycri.together import in_thread
 
 log = logging.getLogger("pycri.image.registry")
 
@@ -37,6 +41,7 @@ MANIFEST_TYPES = (OCI_INDEX, OCI_MANIFEST, DOCKER_LIST, DOCKER_MANIFEST)
 MAX_MANIFEST = 4 << 20
 # Cached Authorization values (per registry, repository and credentials), oldest dropped.
 MAX_TOKENS = 256
+# Blobs are read and written in pieces of this size; each one is progress.
 CHUNK = 1 << 20
 
 
@@ -53,19 +58,21 @@ class Stalled(errors.DeadlineExceeded):
 
 
 class _Watchdog:
-    """A deadline that moves forward every time data arrives."""
+    """A deadline that moves forward on progress; a `whole` fetch (a manifest: 4 MiB at
+    most) gets none before its end, so trickling it buys nothing."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float, whole: bool) -> None:
+        self.seconds, self._whole = seconds, whole
         self._cm = asyncio.timeout(seconds)
 
     def progress(self) -> None:
-        self._cm.reschedule(asyncio.get_running_loop().time() + self.seconds)
+        if not self._whole:
+            self._cm.reschedule(asyncio.get_running_loop().time() + self.seconds)
 
 
 @asynccontextmanager
-async def _watch(seconds: float, what: str) -> AsyncIterator[_Watchdog]:
-    dog = _Watchdog(seconds)
+async def _watch(seconds: float, what: str, whole: bool = False) -> AsyncIterator[_Watchdog]:
+    dog = _Watchdog(seconds, whole)
     try:
         async with dog._cm:
             yield dog
@@ -118,7 +125,8 @@ class RegistryClient:
         last: Exception | None = None
         for scheme in schemes:
             url = f"{scheme}://{ep.api_host}/v2/{ep.repository}/{path}"
-            headers = {"Accept": accept} if accept else {}
+            # Bodies are hashed as sent; a decoder could also turn 64 KiB into gigabytes.
+            headers = {"Accept-Encoding": "identity", **({"Accept": accept} if accept else {})}
             try:
                 resp = await self._send(client, url, headers, ep, auth, dog)
             except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
@@ -208,22 +216,25 @@ class RegistryClient:
     async def manifest(
         self, ep: Endpoint, obj: str, auth: Auth | None, expected: str | None = None
     ) -> tuple[bytes, str, str]:
-        """Fetch a manifest or index: (bytes, media type, digest), digest-verified."""
+        """Fetch a manifest or index: (bytes, media type, digest), digest-verified. It must
+        arrive whole within the pull-progress timeout and hold at most MAX_MANIFEST bytes:
+        a Content-Length over that is refused unread, and a body is read only until it
+        passes the limit (one network read more at most), whatever its headers said."""
         what = f"manifest {ep.api_host}/{ep.repository}:{obj}"
         try:
             async with (
-                _watch(self._cfg.pull_progress_timeout, what) as dog,
+                _watch(self._cfg.pull_progress_timeout, what, whole=True) as dog,
                 self._get(ep, f"manifests/{obj}", auth, ", ".join(MANIFEST_TYPES), dog) as resp,
             ):
                 if resp.status_code == 404:
                     raise ManifestNotFound(f"{what}: not found")
                 _check_status(resp, what)
+                _check_length(resp, MAX_MANIFEST, what)
                 data = bytearray()
-                async for chunk in resp.aiter_bytes():
-                    dog.progress()
+                async for chunk in resp.aiter_raw():
                     data += chunk
                     if len(data) > MAX_MANIFEST:
-                        raise RegistryError(f"{what}: larger than {MAX_MANIFEST} bytes")
+                        raise _too_large(what, MAX_MANIFEST)
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip()
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
@@ -235,7 +246,9 @@ class RegistryClient:
         return bytes(data), ctype, digest
 
     async def blob(self, ep: Endpoint, auth: Auth | None, w: BlobWriter) -> None:
-        """Stream a blob into `w` (which verifies size and digest as it goes)."""
+        """Stream a blob into `w` (which verifies size and digest as it goes, so a body
+        stops one CHUNK past the descriptor's size at most; a Content-Length past it is
+        refused unread)."""
         what = f"blob {ep.api_host}/{ep.repository}@{w.digest}"
         try:
             async with (
@@ -245,11 +258,14 @@ class RegistryClient:
                 if resp.status_code == 404:
                     raise errors.NotFound(f"{what}: not found")
                 _check_status(resp, what)
+                if w.size is not None:
+                    _check_length(resp, w.size, what)
                 async for chunk in resp.aiter_raw(CHUNK):
                     dog.progress()
                     metrics.PULL_BYTES.inc(len(chunk))
-                    # Hashing and writing 1 MiB releases the GIL: do it off the event loop.
-                    await asyncio.to_thread(w.write, chunk)
+                    # Hashing and writing 1 MiB releases the GIL: do it off the event loop
+                    # (and, cancelled, let the write end before the caller's abort).
+                    await in_thread(w.write, chunk)
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
@@ -278,6 +294,17 @@ def _leaf(e: BaseException) -> BaseException:
 
 def _basic_header(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _too_large(what: str, limit: int) -> errors.InvalidArgument:
+    return errors.InvalidArgument(f"{what}: larger than {limit} bytes")
+
+
+def _check_length(resp: httpx.Response, limit: int, what: str) -> None:
+    """Refuse a body its Content-Length says is over `limit` before reading any of it."""
+    length = resp.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise _too_large(what, limit)
 
 
 def _check_status(resp: httpx.Response, what: str) -> None:

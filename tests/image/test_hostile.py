@@ -24,7 +24,7 @@ from tests.image.conftest import Maker, serve
 from tests.image.test_pull import _empty_state
 from tests.lib import hostile, images
 from tests.lib.hostile import HostileRegistry
-from tests.lib.registry import Registry
+from tests.lib.registry import HugeManifestFront, Registry
 
 # Small bounds so that bombs are refused after a few MiB (the defaults allow 64 MiB).
 BOUNDS = {"max_layer_expansion_ratio": 100.0, "min_layer_unpacked_bytes": 4 << 20,
@@ -234,3 +234,30 @@ insecure = true
     assert await m.pull(refs["busybox"])
     with pytest.raises(errors.InvalidArgument, match=r"'127\.0\.0\.1:99999' is not usable"):
         await m.pull("mirrored.test:1/busybox:latest")
+
+
+@pytest.mark.parametrize("framing", ["length", "short", "chunked"])
+async def test_huge_manifest_stops_at_the_limit(make_manager: Maker, registry: Registry,
+                                                tmp_path: Path, framing: str) -> None:
+    """An 8 MiB manifest: refused with INVALID_ARGUMENT (it used to be UNKNOWN), having
+    read at most the 4 MiB limit and one network read more; nothing at all when its
+    Content-Length says so up front. A Content-Length of 1000 ends the body there."""
+    front = HugeManifestFront(registry.addr, 8 << 20, framing)
+    front.start()
+    try:
+        m = make_manager()
+        async with serve(m, tmp_path / "img.sock") as stub:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=f"{front.addr}/big:latest")), timeout=30)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        if framing == "short":
+            assert "not valid JSON" in (e.value.details() or "")
+            assert front.sent <= front.PIECE
+        else:
+            assert "larger than 4194304 bytes" in (e.value.details() or "")
+            read_at_most = front.PIECE if framing == "length" else (4 << 20) + 2 * front.PIECE
+            assert front.sent <= read_at_most, front.sent
+        _empty_state(m)
+    finally:
+        front.stop()

@@ -6,16 +6,18 @@ import asyncio
 import time
 from pathlib import Path
 
+import grpc
 import pytest
 
 from pycri import errors
+from pycri.api import api_pb2 as pb
 from pycri.image.auth import Auth
 from pycri.image.content import DigestMismatch
 from pycri.image.manager import IMAGE, LAYER
 from pycri.image.registry import RegistryError
-from tests.image.conftest import Maker
+from tests.image.conftest import Maker, serve
 from tests.lib import images
-from tests.lib.registry import BearerFront, Registry, StallFront, free_port
+from tests.lib.registry import BearerFront, Registry, StallFront, TrickleFront, free_port
 
 
 def _empty_state(m: object) -> None:
@@ -261,3 +263,87 @@ async def test_hostile_image_refused_and_leaves_nothing(make_manager: Maker, reg
         await m.pull(ref)
     assert not Path("/tmp/pycri-escaped").exists()
     _empty_state(m)
+
+
+# ---- pulls nobody waits for, pulls that make no progress (issue 22, part 9) ---------------
+
+async def _eventually_empty(m: object) -> None:
+    """_empty_state within 10 s: the server-side pull of a call that ended client-side
+    may still be cleaning up."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            _empty_state(m)
+            return
+        except AssertionError:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.05)
+
+
+async def test_pull_ends_when_its_client_gives_up(make_manager: Maker, registry: Registry,
+                                                  refs: dict[str, str], tmp_path: Path) -> None:
+    """A manifest trickled at 20 bytes/s: the client's deadline (2 s) must close pycri's
+    connection to the registry, where it used to stay open until the manifest was in."""
+    front = TrickleFront(registry.addr, delay=0.05)
+    front.start()
+    try:
+        m = make_manager(pull_progress_timeout=120.0)
+        async with serve(m, tmp_path / "img.sock") as stub:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=f"{front.addr}/busybox:latest")), timeout=2)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            gave_up = time.monotonic()
+            assert await asyncio.to_thread(front.wait_ended, 8), "connection still open"
+            (t,) = front.trickles
+            assert not t.completed and t.ended is not None and t.ended - gave_up < 5
+        await _eventually_empty(m)
+    finally:
+        front.stop()
+
+
+async def test_shared_pull_goes_on_for_the_client_still_waiting(
+    make_manager: Maker, registry: Registry, refs: dict[str, str], tmp_path: Path
+) -> None:
+    """Two clients pull one image (one pull, one manifest request); the one that gives
+    up leaves it running for the other, which gets the image."""
+    front = TrickleFront(registry.addr, delay=0.005)  # the manifest takes a few seconds
+    front.start()
+    try:
+        m = make_manager(pull_progress_timeout=60.0)
+        ref = f"{front.addr}/busybox:latest"
+        request = pb.PullImageRequest(image=pb.ImageSpec(image=ref))
+        async with serve(m, tmp_path / "img.sock") as stub:
+            staying = asyncio.ensure_future(stub.PullImage(request))
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.PullImage(request, timeout=1)
+            assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            iid = (await staying).image_ref
+        assert m.status(ref) is not None and m.status(ref).id == iid  # type: ignore[union-attr]
+        assert front.requests.count("/v2/busybox/manifests/latest") == 1
+        (t,) = front.trickles
+        assert t.completed
+    finally:
+        front.stop()
+
+
+@pytest.mark.parametrize("what", ["/manifests/", "/blobs/"])
+async def test_trickle_is_no_progress(make_manager: Maker, registry: Registry,
+                                      refs: dict[str, str], tmp_path: Path, what: str) -> None:
+    """One byte every 0.3 s is no progress: with pull_progress_timeout = 1 s the pull
+    fails in seconds, naming the setting (each byte used to restart the clock)."""
+    front = TrickleFront(registry.addr, delay=0.3, what=what)
+    front.start()
+    try:
+        m = make_manager(pull_progress_timeout=1.0)
+        async with serve(m, tmp_path / "img.sock") as stub:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=f"{front.addr}/busybox:latest")), timeout=20)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "pull_progress_timeout" in (e.value.details() or ""), e.value.details()
+        assert await asyncio.to_thread(front.wait_ended, 5)
+        await _eventually_empty(m)
+    finally:
+        front.stop()

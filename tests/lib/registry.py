@@ -7,7 +7,10 @@
 
 `BearerFront` puts the token flow (realm/service/scope) in front of a registry;
 `StallFront` accepts connections and then goes silent (everything, or blobs
-after half their bytes) to exercise pull-progress timeouts.
+after half their bytes) to exercise pull-progress timeouts; `TrickleFront`
+sends manifests (or blobs) one byte at a time and records when each trickle
+ends; `HugeManifestFront` serves an oversized manifest only as fast as the
+client reads it, so what it sent is what the client took.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import subprocess
 import threading
 import time
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -157,8 +161,9 @@ class _FrontBase:
     def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
         raise NotImplementedError
 
-    def forward(self, h: http.server.BaseHTTPRequestHandler, cut: bool = False) -> None:
-        """Relay one GET upstream; with `cut`, stop after half the body and go silent."""
+    def fetch(self, h: http.server.BaseHTTPRequestHandler) -> bytes:
+        """GET what `h` asks for upstream and send its status and headers; returns its body
+        (the caller sends it: whole, in part, or slowly)."""
         host, port = self.upstream.rsplit(":", 1)
         c = http.client.HTTPConnection(host, int(port), timeout=30)
         headers = {k: v for k, v in h.headers.items() if k.lower() in ("accept", "range")}
@@ -172,6 +177,11 @@ class _FrontBase:
                 h.send_header(k, v)
         h.send_header("Content-Length", str(len(body)))
         h.end_headers()
+        return body
+
+    def forward(self, h: http.server.BaseHTTPRequestHandler, cut: bool = False) -> None:
+        """Relay one GET upstream; with `cut`, stop after half the body and go silent."""
+        body = self.fetch(h)
         if cut:
             h.wfile.write(body[: len(body) // 2])
             h.wfile.flush()
@@ -240,3 +250,122 @@ class StallFront(_FrontBase):
             self.stopping.wait(60)
             return
         self.forward(h, cut="/blobs/" in h.path and self.mode == "blob")
+
+
+@dataclass
+class Trickle:
+    """One body sent byte by byte: when it ended (None: still going) and how."""
+
+    started: float
+    ended: float | None = None
+    completed: bool = False  # every byte sent (else the client went away, or we stopped)
+
+
+class TrickleFront(_FrontBase):
+    """Bodies of `what` ("/manifests/" or "/blobs/") go one byte every `delay` seconds;
+    everything else passes at full speed. A client that closes is seen within two bytes
+    (the first write after its close draws a reset, the second fails)."""
+
+    def __init__(self, upstream: str, delay: float, what: str = "/manifests/") -> None:
+        super().__init__(upstream)
+        self.delay, self.what = delay, what
+        self.trickles: list[Trickle] = []
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if self.what not in h.path:
+            self.forward(h)
+            return
+        body = self.fetch(h)
+        t = Trickle(time.monotonic())
+        self.trickles.append(t)
+        try:
+            for i in range(len(body)):
+                if self.stopping.wait(self.delay):
+                    return
+                h.wfile.write(body[i : i + 1])
+            t.completed = True
+        except OSError:
+            pass
+        finally:
+            t.ended = time.monotonic()
+        h.close_connection = True
+
+    def wait_ended(self, timeout: float) -> bool:
+        """True once every trickle started so far has ended (within `timeout` seconds)."""
+        deadline = time.monotonic() + timeout
+        while any(t.ended is None for t in self.trickles):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
+
+
+def _tcp_queues(local: tuple[str, int], remote: tuple[str, int]) -> tuple[int, int] | None:
+    """(send queue, receive queue) of the established loopback TCP socket local->remote,
+    from /proc/net/tcp; None when it is gone or closing."""
+    def addr(a: tuple[str, int]) -> str:
+        return f"{socket.inet_aton(a[0])[::-1].hex().upper()}:{a[1]:04X}"
+
+    want = (addr(local), addr(remote))
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if (fields[1], fields[2]) == want:
+                if fields[3] != "01":  # TCP_ESTABLISHED
+                    return None
+                tx, rx = fields[4].split(":")
+                return int(tx, 16), int(rx, 16)
+    return None
+
+
+class HugeManifestFront(_FrontBase):
+    """Every manifest is `size` bytes, announced by a Content-Length ("length"), by one
+    that says 1000 ("short"), or by none (chunked). Each 64 KiB piece goes only once the
+    client has read all that came before (nothing in flight or in its receive queue),
+    so `sent` bounds what the client read from above by one piece: socket buffers,
+    megabytes on loopback, do not count."""
+
+    PIECE = 64 << 10
+
+    def __init__(self, upstream: str, size: int, framing: str) -> None:
+        super().__init__(upstream)
+        self.size, self.framing = size, framing
+        self.sent = 0  # body bytes written
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if "/manifests/" not in h.path:
+            self.forward(h)
+            return
+        h.close_connection = True
+        h.send_response(200)
+        h.send_header("Content-Type", "application/vnd.oci.image.manifest.v1+json")
+        if self.framing == "chunked":
+            h.send_header("Transfer-Encoding", "chunked")
+        else:
+            h.send_header("Content-Length", str(self.size if self.framing == "length" else 1000))
+        h.end_headers()
+        body = b'{"schemaVersion": 2, "annotations": {"a": "' + b"x" * self.size
+        try:
+            while self._read_all(h) and self.sent < self.size:
+                piece = body[self.sent : self.sent + self.PIECE]
+                if self.framing == "chunked":
+                    piece = b"%x\r\n%s\r\n" % (len(piece), piece)
+                h.wfile.write(piece)
+                self.sent += min(self.PIECE, self.size - self.sent)
+            if self.framing == "chunked" and self.sent == self.size:
+                h.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    def _read_all(self, h: http.server.BaseHTTPRequestHandler) -> bool:
+        """Wait until the client has read everything sent; False once it is gone."""
+        me, peer = h.connection.getsockname(), h.connection.getpeername()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            ours, theirs = _tcp_queues(me, peer), _tcp_queues(peer, me)
+            if ours is None or theirs is None:
+                return False
+            if ours[0] == 0 and theirs[1] == 0:
+                return True
+            time.sleep(0.001)
+        return False
