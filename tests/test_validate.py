@@ -179,6 +179,9 @@ BAD: list[tuple[str, object, str]] = [
         resources=pb.LinuxContainerResources(unified={"cgroup.subtree_control": "+cpu"}))),
      "is not a cgroup v2 controller file"),
     ("NUL in an argument", ctr(args=["a\x00b"]), "config.args[0]: contains a NUL byte"),
+    ("mount path climbing to the root", ctr(mounts=[pb.Mount(
+        container_path="/data/..", host_path="/tmp")]), "must name a path inside the container"),
+    ("relative working dir", ctr(working_dir="srv"), "config.working_dir: must be an absolute"),
     ("too many labels", run(labels={str(i): "v" for i in range(MAX_ITEMS + 1)}),
      "config.labels: more than"),
     ("annotations too large", run(annotations={f"k{i}": "v" * 200_000 for i in range(3)}),
@@ -328,6 +331,9 @@ GOOD: list[tuple[str, object]] = [
         pb.KeyValue(key=f"SVC_{i}_SERVICE_PORT_HTTP_TCP_ADDR", value=b"10.96.0.1")
         for i in range(10_500)])),
     ("control characters in args", ctr(command=["printf"], args=["\x1b[1mhi\x07\x0c"])),
+    ("mount path with '..' as the pod spec has it", ctr(mounts=[pb.Mount(
+        container_path="/data/../cache", host_path="/tmp")])),
+    ("working dir with '.' and '..'", ctr(working_dir="/srv/./app/..")),
     ("control character in an annotation value", run(annotations={"note": "a\x01b\x7f"})),
     # The kubelet's forms (issue 25): pod names are DNS subdomains (dots allowed), and
     # setHostnameAsFQDN gives <name>.<subdomain>.<ns>.svc.<cluster domain> of at most 64,

@@ -385,7 +385,7 @@ def working_dir(requested: str, image: ImageConfig) -> str:
     cwd = requested or image.working_dir or "/"
     if not cwd.startswith("/"):
         raise InvalidArgument(f"working directory {cwd!r} must be absolute")
-    return cwd
+    return posixpath.normpath(cwd).replace("//", "/")
 
 
 def _cap_name(name: str) -> str:

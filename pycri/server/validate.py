@@ -121,6 +121,15 @@ def _absolute_path(value: str) -> Problem:
     return _long_component(value)
 
 
+def _container_path(value: str) -> Problem:
+    """A path inside the container: absolute; `..` cannot climb above its `/` and the
+    spec builder normalises it (the kubelet passes `/data/../cache` as the pod spec has
+    it)."""
+    if value and not value.startswith("/"):
+        return "must be an absolute path"
+    return _long_component(value)
+
+
 def _log_directory(value: str) -> Problem:
     if value and not (value.startswith("/") and _normalised(value)):
         return "must be an absolute, normalised path (no '.', '..', '//' or trailing '/')"
@@ -189,6 +198,7 @@ def _ip(value: str) -> Problem:
 NAME = Kind(max_len=253, check=_name)
 ID = Kind(max_len=128, check=_id)
 PATH = Kind(max_len=4096, check=_absolute_path)
+CONTAINER_PATH = Kind(max_len=4096, check=_container_path)
 FREE_TEXT = Kind(max_len=1024 * 1024, free_text=True)
 ANNOTATION_VALUE = Kind(max_len=MAX_MAP_BYTES, free_text=True)
 DEFAULT = Kind()
@@ -202,12 +212,12 @@ KINDS: dict[tuple[str, str], Kind] = {
     ("PodSandboxConfig", "hostname"): Kind(max_len=HOST_NAME_MAX, check=_hostname),
     ("PodSandboxConfig", "log_directory"): Kind(max_len=4096, check=_log_directory),
     ("ContainerConfig", "log_path"): Kind(max_len=4096, check=_log_path),
-    ("ContainerConfig", "working_dir"): PATH,
+    ("ContainerConfig", "working_dir"): CONTAINER_PATH,
     ("ContainerConfig", "command"): FREE_TEXT,
     ("ContainerConfig", "args"): FREE_TEXT,
     ("ExecSyncRequest", "cmd"): FREE_TEXT,
     ("ExecRequest", "cmd"): FREE_TEXT,
-    ("Mount", "container_path"): PATH,
+    ("Mount", "container_path"): CONTAINER_PATH,
     ("Mount", "host_path"): PATH,
     # Only per-mount flags a bind can be remounted with (oci/bindopts.py).
     ("Mount", "mount_options"): Kind(max_len=32, check=option_problem),

@@ -6,6 +6,8 @@ with many Services and any string the API took make of a pod."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -87,3 +89,17 @@ def test_memory_limit_the_api_allows_runs_and_one_runc_cannot_start_in_is_refuse
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value.details()
     listed = node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
     assert [c.id for c in listed] == [cid]
+
+
+def test_mount_and_working_dir_with_dot_dot_as_the_pod_spec_has_them(
+        node: Node, tmp_path: Path) -> None:
+    """The kubelet passes an absolute mountPath and workingDir as written; `..` cannot
+    climb above the container's `/`, and pycri uses them normalised."""
+    (tmp_path / "vol").mkdir()
+    (tmp_path / "vol" / "f").write_text("from the host\n")
+    sid, pod = node.run_pod("dots")
+    cid = node.run(sid, pod, "c", ["sleep", "300"], working_dir="/srv/./app/..",
+                   mounts=[pb.Mount(container_path="/data/../cache",
+                                    host_path=str(tmp_path / "vol"))])
+    assert node.exec(cid, "cat", "/cache/f").stdout == b"from the host\n"
+    assert node.exec(cid, "pwd").stdout == b"/srv\n"
