@@ -23,9 +23,10 @@ from pycri.config import Config
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.monitor import conmon
 from pycri.monitor.exits import ExitWatcher, parse_exit_code
-from pycri.monitor.probe import Fact, Identity, Probe, is_alive, is_same
+from pycri.monitor.probe import Fact, Probe, is_alive, is_same
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, criu_errors
+from pycri.store.identity import Identity
 
 log = logging.getLogger(__name__)
 

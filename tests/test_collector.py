@@ -17,7 +17,6 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.container.manager import ContainerManager
-from pycri.container.model import Container
 from pycri.events import EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
@@ -25,9 +24,10 @@ from pycri.monitor.reaper import Reaper
 from pycri.network.cni import CNIManager
 from pycri.nri.adaptation import Adaptation
 from pycri.sandbox.manager import SandboxManager
-from pycri.sandbox.model import Sandbox
 from pycri.stats.collector import StatsCollector
 from pycri.store import Store
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 MiB = 1 << 20
 ROOT = Path("/sys/fs/cgroup")

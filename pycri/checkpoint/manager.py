@@ -33,11 +33,11 @@ from pycri.api import api_pb2 as pb
 from pycri.checkpoint import archive
 from pycri.checkpoint.support import CheckpointSupport, is_checkpoint_archive
 from pycri.container.manager import ContainerManager
-from pycri.container.model import Container
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from pycri.sandbox.manager import SandboxManager
-from pycri.sandbox.model import Sandbox
 from pycri.server.validate import check_request
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 FORMAT_VERSION = 1  # of pycri.container.json and pod.options
 # Mark an OCI image whose layer is a container's checkpoint layout (`checkpointctl build`

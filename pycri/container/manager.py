@@ -33,7 +33,6 @@ from pycri.cdi.schema import ContainerEdits
 from pycri.checkpoint import archive
 from pycri.checkpoint.support import CheckpointSupport
 from pycri.config import Config
-from pycri.container.model import KIND, Container
 from pycri.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -56,8 +55,9 @@ from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.recovery import probed
 from pycri.sandbox.manager import SandboxManager, step
-from pycri.sandbox.model import Sandbox
 from pycri.store import Store
+from pycri.store.container import KIND, Container
+from pycri.store.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

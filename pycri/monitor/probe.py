@@ -18,13 +18,7 @@ import select
 from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class Identity:
-    """A process as it was created: pid and start time (clock ticks after boot)."""
-
-    pid: int
-    start: int
+from pycri.store.identity import Identity
 
 
 def start_time(pid: int) -> int | None:

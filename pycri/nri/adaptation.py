@@ -38,12 +38,12 @@ from google.protobuf.message import Message
 from pycri import __version__
 from pycri.api import api_pb2 as pb
 from pycri.config import NRIConfig
-from pycri.container.model import Container
 from pycri.errors import InvalidArgument, PycriError
 from pycri.nri import adjust, convert, launch
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.link import NRIPluginError, PluginLink
-from pycri.sandbox.model import Sandbox
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 

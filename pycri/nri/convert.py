@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from pycri.api import api_pb2 as pb
-from pycri.container.model import Container
 from pycri.nri.api import api_pb2 as api
-from pycri.sandbox.model import Sandbox
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 # CRI states as NRI sees them; a container whose CreateContainer is in flight is CREATED
 # to a plugin (it is being given what it will be created with).

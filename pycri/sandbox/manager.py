@@ -52,8 +52,8 @@ from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
 from pycri.recovery import probed
 from pycri.sandbox import podcgroup, podfiles
-from pycri.sandbox.model import KIND, Sandbox, name_key
 from pycri.store import Store
+from pycri.store.sandbox import KIND, Sandbox, name_key
 from pycri.together import all_settled, in_thread, sparing
 
 log = logging.getLogger(__name__)

@@ -8,10 +8,10 @@ from google.protobuf import json_format
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint.manager import CheckpointManager
 from pycri.container.manager import ContainerManager, cri_signal, parse_signal
-from pycri.container.model import Container
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
 from pycri.server.streamed import streamed_list
+from pycri.store.container import Container
 
 Ctx = grpc.aio.ServicerContext
 

@@ -8,12 +8,12 @@ import grpc
 
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager
-from pycri.container.model import Container
 from pycri.sandbox.manager import SandboxManager
-from pycri.sandbox.model import Sandbox
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
 from pycri.server.streamed import streamed_list
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 Ctx = grpc.aio.ServicerContext
 

@@ -20,14 +20,14 @@ from pathlib import Path
 
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import RUNNING_STATES, ContainerManager
-from pycri.container.model import Container
 from pycri.errors import InvalidArgument, NotFound
 from pycri.oci import spec
 from pycri.sandbox.manager import SandboxManager
-from pycri.sandbox.model import Sandbox
 from pycri.stats import metrics, netdev
 from pycri.stats.cgroups import CGROUP_ROOT, Pressure, Usage, read_pod, read_usage, relative_dir
 from pycri.stats.cgroups import add as add_usage
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 
 @dataclass(frozen=True)

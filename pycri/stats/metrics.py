@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycri.container.model import Container
-from pycri.sandbox.model import Sandbox
 from pycri.stats import netdev
 from pycri.stats.cgroups import (
     CGROUP_ROOT,
@@ -32,6 +30,8 @@ from pycri.stats.cgroups import (
     relative_dir,
     unified_dir,
 )
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 COUNTER, GAUGE = "counter", "gauge"
 BASE_LABELS = ("pod", "namespace", "container", "id", "image")

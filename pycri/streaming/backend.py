@@ -12,10 +12,10 @@ from typing import Any
 
 from pycri.api import api_pb2 as pb
 from pycri.container.manager import ContainerManager
-from pycri.container.model import Container
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound
 from pycri.launcher import Launcher
 from pycri.sandbox.manager import SandboxManager
+from pycri.store.container import Container
 from pycri.streaming import attach, dial, process
 from pycri.streaming.remotecommand import StreamIO
 from pycri.streaming.server import AttachRequest, ExecRequest, PortForwardRequest

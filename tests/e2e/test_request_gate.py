@@ -14,8 +14,8 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
-from pycri.container.model import Container
 from pycri.names import new_id
+from pycri.store.container import Container
 from tests.e2e.conftest import Node
 from tests.test_validate import BAD
 

@@ -11,12 +11,12 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
-from pycri.container.model import Container
 from pycri.launcher import Launcher
 from pycri.monitor.probe import Fact, Identity, identity_of, is_alive, is_same, start_time
 from pycri.monitor.reaper import Reaper
-from pycri.sandbox.model import Sandbox
 from pycri.store import Store
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 
 def test_start_time_is_field_22_of_stat() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from pycri.api import api_pb2 as pb
-from pycri.container.model import Container
 from pycri.nri import adaptation, convert
 from pycri.nri.api import api_pb2 as api
-from pycri.sandbox.model import Sandbox
+from pycri.store.container import Container
+from pycri.store.sandbox import Sandbox
 
 
 def _pod() -> Sandbox:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
-from pycri.monitor.probe import Identity
+from pycri.store.identity import Identity
 
 KIND = "container"
 
