@@ -9,8 +9,9 @@
 # debian/ source package: see docs/architecture.md ("Installing like a runtime").
 # Root is needed only to install missing build dependencies.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-outdir=$(realpath -m "${1:-dist}")
+here=$(dirname "$0")
+outdir=$(realpath -m "${1:-$here/../dist}")
+cd "$here/.."
 
 PREFIX=/usr/lib/pycri
 # The node's python3 runs the venv: never a pyenv or the dev .venv's interpreter.

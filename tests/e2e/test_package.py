@@ -82,6 +82,14 @@ def _status() -> str:
     return _run("dpkg-query", "-W", "-f=${Status} ${Version}", "pycri").stdout
 
 
+def _skip_unless_ours() -> None:
+    """Skip where the package's install or purge would hit a pycri this test did not make."""
+    if _status():
+        pytest.skip(f"pycri is installed here ({_status()}): the test would replace it")
+    if present := [str(d) for d in DEFAULT_DIRS if d.exists()]:
+        pytest.skip(f"{', '.join(present)} exist here: purging the package would remove them")
+
+
 @dataclass(frozen=True)
 class Debs:
     first: Path
@@ -95,6 +103,7 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> Debs:
     for tool in ("dpkg-deb", "apt-get", "dpkg-shlibdeps"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed: no Debian packaging here")
+    _skip_unless_ours()  # before the build, which takes a while
     out = tmp_path_factory.mktemp("debs")
     build = _run(REPO / "hack" / "build-deb.sh", out / "first", timeout=BUILD_TIMEOUT)
     assert build.returncode == 0, build.stdout + build.stderr
@@ -116,10 +125,7 @@ def debs(tmp_path_factory: pytest.TempPathFactory) -> Debs:
 def apt_machine() -> Iterator[None]:
     """This machine, ready for the package to come and go: purged at the end whatever
     happens; skipped where a pycri of its own would be replaced or purged."""
-    if _status():
-        pytest.skip(f"pycri is installed here ({_status()}): the test would replace it")
-    if present := [str(d) for d in DEFAULT_DIRS if d.exists()]:
-        pytest.skip(f"{', '.join(present)} exist here: purging the package would remove them")
+    _skip_unless_ours()
     made_policy = False
     if POLICY.exists():
         said = subprocess.run([POLICY, "pycri.service", "start"], capture_output=True).returncode
