@@ -69,8 +69,8 @@ done
 "$venv/bin/python" -m compileall -q -j0 --invalidation-mode unchecked-hash -s "$pkg" -p / \
     "$venv/lib"
 
-# The conffile: every key commented out with its default, so the file documents the
-# defaults and an upgrade never has a changed default to merge.
+# The conffile: every key commented out with its default. It shows the defaults, and
+# the node runs on those of the version installed.
 mkdir -p "$pkg/etc/pycri"
 {
     echo "# pycri configuration (read by \`pycri serve\`; \`pycri config\` prints the effective one)."
