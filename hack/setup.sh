@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(
     runc crun conmon catatonit containernetworking-plugins iptables iproute2
-    libcap-dev gcc python3-venv python3-dev
+    libcap-dev gcc python3-venv python3-dev binutils dpkg-dev
     docker-registry skopeo busybox-static apache2-utils criu
 )
 

@@ -230,6 +230,14 @@ def _scrub(tmp: Path) -> None:
 @pytest.fixture
 def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
     """A pycri daemon on its own CNI network; everything it made is removed afterwards."""
+    with running_node(tmp_path, busybox) as n:
+        yield n
+
+
+@contextlib.contextmanager
+def running_node(tmp_path: Path, busybox: str,
+                 proc_type: type[PycriProcess] = PycriProcess) -> Iterator[Node]:
+    """The `node` fixture's daemon, started as `proc_type` (say, an installed pycri)."""
     n = next(_n)
     bridge = f"pce{TAG}{n}"[:15]
     subnet = f"10.198.{(_octet + n) % 250}.0/24"
@@ -248,9 +256,9 @@ def node(tmp_path: Path, busybox: str) -> Iterator[Node]:
         'check_timeout = 120\n'
     )
     (tmp_path / "archives").mkdir()
-    proc = PycriProcess(root=tmp_path / "root", state=tmp_path / "state",
-                        socket=tmp_path / "state" / "pycri.sock", config=config,
-                        log=tmp_path / "pycri.log")
+    proc = proc_type(root=tmp_path / "root", state=tmp_path / "state",
+                     socket=tmp_path / "state" / "pycri.sock", config=config,
+                     log=tmp_path / "pycri.log")
     proc.start()
     node = Node(proc=proc, cri=proc.client(), image=busybox, tmp=tmp_path, bridge=bridge,
                 subnet=subnet)
