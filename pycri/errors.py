@@ -1,7 +1,13 @@
 """Domain errors. The gRPC layer (pycri/server/errors.py) maps each to a status code.
 
-Domain code raises these and never imports grpc, so it stays testable on its own.
+Domain code raises these and never imports grpc, so it stays testable on its own;
+`step` names the step of a multi-step RPC an error happened in.
 """
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 
 class PycriError(Exception):
@@ -38,3 +44,17 @@ class DeadlineExceeded(PycriError):
 
 class Unimplemented(PycriError):
     """A feature pycri does not have (clients such as critest skip on this code)."""
+
+
+@contextlib.asynccontextmanager
+async def step(what: str) -> AsyncIterator[None]:
+    """Prefix a failure with the step it happened in, keeping its status code: the
+    error is re-raised as its nearest class from this module (whose constructors all
+    take just a message)."""
+    try:
+        yield
+    except PycriError as e:
+        kind = next(c for c in type(e).__mro__ if c.__module__ == __name__)
+        raise kind(f"{what}: {e}") from e
+    except OSError as e:
+        raise PycriError(f"{what}: {e}") from e

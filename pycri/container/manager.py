@@ -38,6 +38,7 @@ from pycri.errors import (
     InvalidArgument,
     NotFound,
     PycriError,
+    step,
 )
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
@@ -54,7 +55,7 @@ from pycri.oci import mounts, seccomp, selinux, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser, UserRequest, resolve_user_in_rootfs
 from pycri.recovery import probed
-from pycri.sandbox.manager import SandboxManager, step
+from pycri.sandbox.manager import SandboxManager
 from pycri.store import Store
 from pycri.store.container import KIND, Container
 from pycri.store.sandbox import Sandbox

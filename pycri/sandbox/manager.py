@@ -28,7 +28,7 @@ from google.protobuf import json_format
 from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
-from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError
+from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, PycriError, step
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.image.snapshots import Idmap
@@ -97,20 +97,6 @@ def own_capabilities() -> tuple[str, ...]:
             if line.startswith("CapBnd:"):
                 return tuple(spec.capabilities_from_mask(int(line.split()[1], 16)))
     return tuple(spec.ALL_CAPABILITIES)
-
-
-@contextlib.asynccontextmanager
-async def step(what: str) -> AsyncIterator[None]:
-    """Prefix a failure with the step it happened in, keeping its status code: the
-    error is re-raised as its nearest class from pycri.errors (whose constructors all
-    take just a message)."""
-    try:
-        yield
-    except PycriError as e:
-        kind = next(c for c in type(e).__mro__ if c.__module__ == PycriError.__module__)
-        raise kind(f"{what}: {e}") from e
-    except OSError as e:
-        raise PycriError(f"{what}: {e}") from e
 
 
 class SandboxManager:
