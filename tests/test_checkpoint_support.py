@@ -18,7 +18,7 @@ from pycri.check import run_checks
 from pycri.checkpoint.support import CheckpointSupport, probe_criu, probe_runtime
 from pycri.config import CheckpointConfig, Config, ConfigError
 from pycri.errors import FailedPrecondition, InvalidArgument
-from pycri.server.validate import check_request
+from pycri.gate import check_request
 
 FAILING_CRIU = """#!/bin/sh
 echo "$@" >> {calls}

@@ -34,8 +34,8 @@ from pycri.checkpoint import archive
 from pycri.checkpoint.support import CheckpointSupport, is_checkpoint_archive
 from pycri.container.manager import ContainerManager
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
+from pycri.gate import check_request
 from pycri.sandbox.manager import SandboxManager
-from pycri.server.validate import check_request
 from pycri.store.container import Container
 from pycri.store.sandbox import Sandbox
 

@@ -37,9 +37,9 @@ from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument, PycriError
+from pycri.gate import check_request
 from pycri.nri.api import api_pb2 as api
 from pycri.oci import spec as oci_spec
-from pycri.server.validate import check_request
 
 if TYPE_CHECKING:
     from pycri.container.manager import ContainerManager

@@ -4,7 +4,7 @@ Only per-mount-point flags are accepted: what `mount(MS_REMOUNT|MS_BIND)` can ch
 on a bind. runc 1.1.5 and crun 1.8.1 both bind first and then remount with these
 flags (the kernel ignores them on the bind itself). Propagation has its own CRI field,
 and anything naming a filesystem option (`size=`, `mode=`) means nothing for a bind,
-so both are refused by the request gate (server/validate.py) rather than dropped.
+so both are refused by the request gate (gate.py) rather than dropped.
 
 Merging: the default options of a mount (`rbind`, its propagation, `ro`/`rw`) come
 first; for each on/off pair the restrictive side wins wherever it appears (`ro` over

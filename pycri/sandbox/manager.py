@@ -210,7 +210,7 @@ class SandboxManager:
     # -- run ---------------------------------------------------------------------
 
     async def run(self, config: pb.PodSandboxConfig, runtime_handler: str) -> str:
-        md = config.metadata  # checked by the request gate (server/validate.py)
+        md = config.metadata  # checked by the request gate (gate.py)
         handler = self.launcher.handler_name(runtime_handler)
         # Before the name is reserved: a refusal must leave it free for a retry.
         self._check_userns_support(config, runtime_handler)

@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 import grpc
 
 from pycri import errors, metrics
+from pycri.gate import check_request
 from pycri.server import oplog
-from pycri.server.validate import check_request
 
 log = logging.getLogger("pycri.rpc")
 
@@ -144,7 +144,7 @@ async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext,
 
 
 async def checked(fn: Handler[R], self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
-    """Run a handler once its request has passed the validation gate (server/validate.py)."""
+    """Run a handler once its request has passed the validation gate (gate.py)."""
     check_request(request)
     return await fn(self, request, context)
 

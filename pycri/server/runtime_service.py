@@ -84,7 +84,7 @@ class RuntimeServicer(
             ],
             # mount_options: every handler remounts a bind with its flags (oci/bindopts.py).
             # user_namespaces_host_network: a pod's own user namespace owns its netns, so
-            # the host's network cannot be combined with one (validate.py refuses it).
+            # the host's network cannot be combined with one (the gate refuses it).
             features=pb.RuntimeFeatures(supplemental_groups_policy=True, mount_options=True,
                                         user_namespaces_host_network=False),
         )

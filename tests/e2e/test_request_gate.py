@@ -184,7 +184,7 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
 
 
 def test_every_bad_request_of_the_table_is_refused_by_the_daemon(node: Node) -> None:
-    """The gate stands in front of every RPC: each request of tests/test_validate.py's
+    """The gate stands in front of every RPC: each request of tests/test_gate.py's
     table gets INVALID_ARGUMENT naming the field, and nothing is left behind."""
     before = records(node)
     for name, request, message in BAD:

@@ -1,4 +1,4 @@
-"""The request gate (pycri/server/validate.py): a table of bad requests, each refused with
+"""The request gate (pycri/gate.py): a table of bad requests, each refused with
 the field's dotted path, and the requests critest and the kubelet send, all accepted."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
-from pycri.server.validate import MAX_ITEMS, check_request
+from pycri.gate import MAX_ITEMS, check_request
 
 
 def pod(**kw: object) -> pb.PodSandboxConfig:
