@@ -17,7 +17,7 @@ from pycri.api import api_pb2 as pb
 from pycri.names import new_id
 from pycri.store.container import Container
 from tests.e2e.conftest import Node
-from tests.test_validate import BAD
+from tests.test_gate import BAD
 
 pytestmark = pytest.mark.e2e
 
