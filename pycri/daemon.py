@@ -42,6 +42,7 @@ from pycri.monitor.probe import start_time
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
 from pycri.nri import adjust
+from pycri.nri import domain as nri_domain
 from pycri.nri.adaptation import Adaptation
 from pycri.oci import mounts, userns
 from pycri.recovery import Recovery
@@ -194,7 +195,8 @@ class Daemon:
         sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus, nri)
         containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
         sandboxes.containers = containers
-        nri.apply_updates = functools.partial(adjust.apply_updates, containers)
+        domain: nri_domain.Containers = containers  # what NRI may do to containers
+        nri.apply_updates = functools.partial(adjust.apply_updates, domain)
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
         # Serve first, recheck after (pycri/recovery.py): only the records are loaded,

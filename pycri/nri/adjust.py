@@ -31,7 +31,7 @@ import logging
 import posixpath
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from google.protobuf.message import Message
 
@@ -39,10 +39,8 @@ from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument, PycriError
 from pycri.gate import check_request
 from pycri.nri.api import api_pb2 as api
+from pycri.nri.domain import Containers
 from pycri.oci import spec as oci_spec
-
-if TYPE_CHECKING:
-    from pycri.container.manager import ContainerManager
 
 log = logging.getLogger(__name__)
 
@@ -847,7 +845,7 @@ def to_cri_resources(
 
 
 async def apply_updates(
-    containers: ContainerManager, updates: Sequence[api.ContainerUpdate]
+    containers: Containers, updates: Sequence[api.ContainerUpdate]
 ) -> list[api.ContainerUpdate]:
     """Apply each update through the UpdateContainerResources path (the OCI runtime's
     `update`); return the ones that failed, except those whose asker ignores failure.
