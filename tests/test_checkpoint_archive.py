@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from pycri.checkpoint import archive
 from pycri.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
@@ -294,4 +296,47 @@ def test_metadata_json_is_bounded(tmp_path: Path, text: str, message: str | None
     path.unlink()
     path.mkdir()
     with pytest.raises(InvalidArgument, match="not a regular file"):
+        archive.read_json(path, "image")
+
+
+_PARTS = st.sampled_from(["", ".", "..", "checkpoint", "a" * 255, "a" * 256, "x" * 5000,
+                          "pages-1.img", "\udcff", "\x00", "-", "d"])
+_MEMBERS = st.lists(st.tuples(
+    st.lists(_PARTS, min_size=1, max_size=30).map("/".join),
+    st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE,
+                     tarfile.CHRTYPE, tarfile.FIFOTYPE]),
+    st.binary(max_size=64)), max_size=12)
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(members=_MEMBERS)
+def test_fuzzed_archives_are_unpacked_or_invalid(tmp_path: Path, members: list[
+        tuple[str, bytes, bytes]]) -> None:
+    """Any tar at all: unpacked inside its directory, or InvalidArgument/ResourceExhausted;
+    never another error, never a file outside."""
+    root = Path(tempfile.mkdtemp(dir=tmp_path))
+    dest = root / "work" / "unpacked"
+    dest.mkdir(parents=True)
+    path = root / "fuzz.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, data in members:
+            info = entry(name, kind, "../../outside")
+            info.size = len(data) if info.isreg() else 0
+            tar.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    with contextlib.suppress(InvalidArgument, ResourceExhausted):
+        archive.extract(path, dest, 256, "image")
+    assert sorted(p.name for p in root.iterdir()) == ["fuzz.tar", "work"]
+    assert [p.name for p in (root / "work").iterdir()] == ["unpacked"]
+
+
+@settings(max_examples=300, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.recursive(st.sampled_from(["1", '"["', '"\\""', "null", "[", "{", "}", "]"]),
+                         lambda inner: st.lists(inner, max_size=6).map("".join), max_leaves=80)
+       | st.integers(0, 200).map(lambda n: "[" * n + "]" * n))
+def test_fuzzed_metadata_is_read_or_invalid(tmp_path: Path, text: str) -> None:
+    path = Path(tempfile.mkdtemp(dir=tmp_path)) / "pycri.container.json"
+    path.write_text(text)
+    with contextlib.suppress(InvalidArgument):
         archive.read_json(path, "image")

@@ -225,9 +225,9 @@ def _member_path(dest: Path, name: str, what: str, max_depth: int = PATH_MAX) ->
     """`name` inside `dest`, refused (InvalidArgument) if it leaves it or passes the
     kernel's name limits or `max_depth` directories."""
     parts = Path(name.lstrip("/")).parts
-    if not parts or any(p in ("..", "") for p in parts):
+    if not parts or any(p in ("..", "") for p in parts) or "\x00" in name:
         raise InvalidArgument(f"{what}: archive entry {_shown(name)} leaves the archive")
-    if len(name.encode()) > PATH_MAX or any(len(p.encode()) > NAME_MAX for p in parts):
+    if len(os.fsencode(name)) > PATH_MAX or any(len(os.fsencode(p)) > NAME_MAX for p in parts):
         raise InvalidArgument(f"{what}: archive entry {_shown(name)} is longer than a path "
                               f"may be ({NAME_MAX} bytes a component, {PATH_MAX} in all)")
     if len(parts) > max_depth:

@@ -29,7 +29,7 @@ from pycri.checkpoint.support import probe_criu
 from pycri.config import CheckpointConfig
 from pycri.oci.spec import ALL_CAPABILITIES
 from tests.e2e.conftest import CRIU, Node
-from tests.lib import images
+from tests.lib import hostile_checkpoints, images
 from tests.lib.criu_images import write_core
 from tests.lib.registry import Registry
 
@@ -533,4 +533,45 @@ def test_a_pod_with_a_container_from_a_checkpoint_can_always_be_removed(node: No
         rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=new_sid))
         assert new_cid not in [c.id for c in rt.ListContainers(
             pb.ListContainersRequest()).containers]
+    assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]
+
+
+@pytest.mark.parametrize("via", ["archive", "image"])
+def test_hostile_checkpoints_are_refused_and_change_nothing(
+    node: Node, registry: Registry, via: str
+) -> None:
+    """Issue 22: each layout of the corpus (tests/lib/hostile_checkpoints.py), as an
+    archive and as an image, gets its code, never INTERNAL or UNKNOWN, and leaves
+    nothing: no container, no work directory, no file outside."""
+    criu_stand_in(node, restore_from_images=True)
+    node.restart()
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("hostile")
+    escape = Path("/tmp/pycri-escape")
+    got = {}
+    for name in hostile_checkpoints.NAMES:
+        entries = hostile_checkpoints.build(name, node.image, node.tmp / "corpus" / name)
+        request = confined(node, "restored")
+        try:
+            if via == "archive":
+                path = archives(node) / f"{name}.tar"
+                path.write_bytes(images.tar_bytes(entries))
+                request.image.image = str(path)
+            else:
+                request.image.image = images.push_image(
+                    registry.addr, node.tmp / "layouts" / name, f"hostile-{name}", "v1", [
+                        images.ImageSpec(layers=[entries], annotations={
+                            "org.criu.checkpoint.container.name": name})])
+                node.cri.image.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=request.image.image)))
+            rt.CreateContainer(pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=request, sandbox_config=pod))
+            got[name] = "OK"
+        except grpc.RpcError as e:
+            got[name] = f"{e.code().name}: {e.details()}"
+    expected = {n: c.name for n, c in hostile_checkpoints.EXPECT.items()}
+    assert {n: g.split(":")[0] for n, g in got.items()} == expected, got
+    assert rt.ListContainers(pb.ListContainersRequest()).containers == []
+    assert list((node.proc.root / "checkpoints").iterdir()) == []
+    assert not escape.exists()
     assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]
