@@ -138,6 +138,10 @@ class CheckpointConfig:
     timeout: float = 300.0
     # Bytes one archive may hold (CRIU's images plus the rootfs changes), written or read.
     max_archive_bytes: int = 8 << 30
+    # CreateContainer of a pulled image marked as a checkpoint restores it. Off: anyone
+    # who can push an image can write CRIU images (docs/operating.md says what they
+    # could still do); archives come only from `archive_dirs`, which root controls.
+    restore_from_images: bool = False
 
 
 @dataclass

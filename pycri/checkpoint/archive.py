@@ -10,8 +10,10 @@ containerd's `status`. pycri adds
 
 Requests name these files and the daemon runs as root, so every path is checked against
 `checkpoint.archive_dirs`, a new archive never replaces a file, and reading one is
-bounded (bytes, entries) and takes only directories and regular files. Everything here
-is blocking file work: callers run it in a worker thread.
+bounded (bytes, entries, name lengths, depth, JSON size and nesting) and takes only
+directories and regular files: whatever it holds, a bad archive is InvalidArgument.
+What it holds is a container's memory, so every file written here is 0600 from its
+first byte. Everything here is blocking file work: callers run it in a worker thread.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import shutil
 import stat
@@ -41,6 +44,13 @@ POD_DUMP = "pod.dump"
 POD_OPTIONS = "pod.options"
 MAX_ENTRIES = 200_000  # tar members read from one archive (CRIU writes a few per process)
 MAX_JSON = 16 << 20  # bytes of one metadata file
+MAX_JSON_DEPTH = 32  # nesting of one metadata file (a ContainerConfig has about 6)
+NAME_MAX = 255  # bytes of one path component, and of a whole path: the kernel's limits
+PATH_MAX = 4096
+# Directories deep in a layout (<container>/checkpoint/<file> in a pod archive); a
+# container's own deep paths are inside rootfs-diff.tar, applied separately.
+MAX_DEPTH = 8
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}]')
 
 
 def _inside(path: Path, dirs: Iterable[str]) -> bool:
@@ -97,6 +107,14 @@ class _Bounded:
         return self.f.write(data)
 
 
+def _create(path: Path) -> BinaryIO:
+    """A new file, never one already there nor through a link, private (0600) from its
+    first byte: it holds a container's memory or files, whatever the umask."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    return os.fdopen(fd, "wb")
+
+
 def _tar_stream(out: _Bounded) -> tarfile.TarFile:
     return tarfile.open(fileobj=cast(BinaryIO, out), mode="w|", format=tarfile.PAX_FORMAT)
 
@@ -118,13 +136,12 @@ def write_tar(dest: Path, src: Path, limit: int) -> None:
     tmp = dest.with_name(f".{dest.name}.{secrets.token_hex(4)}.partial")
     try:
         with _disk_full_is_exhaustion(str(dest)):
-            with open(tmp, "xb") as f:
+            with _create(tmp) as f:
                 with _tar_stream(_Bounded(f, limit, str(dest))) as tar:
                     for name in sorted(os.listdir(src)):
                         tar.add(src / name, arcname=name)
                 f.flush()
                 os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
             try:
                 os.link(tmp, dest)
             except FileExistsError:
@@ -134,15 +151,38 @@ def write_tar(dest: Path, src: Path, limit: int) -> None:
 
 
 def write_json(path: Path, doc: Any) -> None:
-    with open(path, "x") as f:
-        json.dump(doc, f, indent=2)
+    with _create(path) as f:
+        f.write(json.dumps(doc, indent=2).encode())
+
+
+def _nesting(text: str) -> int:
+    """How deep `text`'s arrays and objects nest (brackets inside strings do not count),
+    stopping past MAX_JSON_DEPTH: the parser recurses once per level."""
+    depth = deepest = 0
+    for m in _JSON_TOKENS.finditer(text):
+        c = m.group()[0]
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_JSON_DEPTH:
+                break
+        elif c in "]}":
+            depth -= 1
+    return deepest
 
 
 def read_json(path: Path, what: str) -> Any:
     try:
-        if path.stat().st_size > MAX_JSON:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidArgument(f"{what}: {path.name} is not a regular file")
+        if st.st_size > MAX_JSON:
             raise InvalidArgument(f"{what}: {path.name} is larger than {MAX_JSON} bytes")
-        return json.loads(path.read_text())
+        text = path.read_text()
+        if _nesting(text) > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"{what}: {path.name} nests deeper than {MAX_JSON_DEPTH} "
+                                  "levels")
+        return json.loads(text)
     except FileNotFoundError:
         raise InvalidArgument(f"{what}: the archive has no {path.name}") from None
     except ValueError as e:
@@ -159,7 +199,7 @@ def write_rootfs_diff(upper: Path, out: Path, limit: int) -> int:
     into `out/rootfs-diff.tar`, what it deleted (whiteouts) into `out/deleted.files`.
     Returns the bytes written."""
     deleted: list[str] = []
-    with _disk_full_is_exhaustion(str(out / ROOTFS_DIFF)), open(out / ROOTFS_DIFF, "xb") as f:
+    with _disk_full_is_exhaustion(str(out / ROOTFS_DIFF)), _create(out / ROOTFS_DIFF) as f:
         bounded = _Bounded(f, limit, ROOTFS_DIFF)
         with _tar_stream(bounded) as tar:
             for dirpath, dirnames, filenames in os.walk(upper):
@@ -177,11 +217,37 @@ def write_rootfs_diff(upper: Path, out: Path, limit: int) -> int:
     return written
 
 
-def _member_path(dest: Path, name: str, what: str) -> Path:
+def _shown(name: str) -> str:
+    return repr(name) if len(name) <= 100 else repr(name[:100]) + "…"
+
+
+def _member_path(dest: Path, name: str, what: str, max_depth: int = PATH_MAX) -> Path:
+    """`name` inside `dest`, refused (InvalidArgument) if it leaves it or passes the
+    kernel's name limits or `max_depth` directories."""
     parts = Path(name.lstrip("/")).parts
-    if not parts or any(p in ("..", "") for p in parts):
-        raise InvalidArgument(f"{what}: archive entry {name!r} leaves the archive")
+    if not parts or any(p in ("..", "") for p in parts) or "\x00" in name:
+        raise InvalidArgument(f"{what}: archive entry {_shown(name)} leaves the archive")
+    if len(os.fsencode(name)) > PATH_MAX or any(len(os.fsencode(p)) > NAME_MAX for p in parts):
+        raise InvalidArgument(f"{what}: archive entry {_shown(name)} is longer than a path "
+                              f"may be ({NAME_MAX} bytes a component, {PATH_MAX} in all)")
+    if len(parts) > max_depth:
+        raise InvalidArgument(f"{what}: archive entry {_shown(name)} is more than "
+                              f"{max_depth} directories deep")
     return dest.joinpath(*parts)
+
+
+@contextlib.contextmanager
+def _bad_input_is_invalid(what: str, source: object) -> Any:
+    """File errors while unpacking come from what the archive holds (a path too long
+    once under the work dir, say): InvalidArgument, except a full disk."""
+    try:
+        yield
+    except FileExistsError as e:
+        raise InvalidArgument(f"{what}: {e.filename} appears twice in {source}") from None
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ResourceExhausted(f"{what}: no space left on the device") from None
+        raise InvalidArgument(f"{what}: {source} cannot be unpacked: {e}") from None
 
 
 def extract(archive: Path, dest: Path, limit: int, what: str) -> None:
@@ -191,13 +257,13 @@ def extract(archive: Path, dest: Path, limit: int, what: str) -> None:
     outside `dest`."""
     total = 0
     try:
-        with tarfile.open(archive, "r:*") as tar:
+        with _bad_input_is_invalid(what, archive), tarfile.open(archive, "r:*") as tar:
             for n, m in enumerate(tar):
                 if n >= MAX_ENTRIES:
                     raise InvalidArgument(f"{what}: more than {MAX_ENTRIES} archive entries")
                 if m.isdir() and not Path(m.name.lstrip("/")).parts:  # "./" of `tar -C dir .`
                     continue
-                path = _member_path(dest, m.name, what)
+                path = _member_path(dest, m.name, what, MAX_DEPTH)
                 if m.isdir():
                     path.mkdir(mode=0o700, parents=True, exist_ok=True)
                     continue
@@ -216,28 +282,30 @@ def extract(archive: Path, dest: Path, limit: int, what: str) -> None:
                     shutil.copyfileobj(src, out)
     except tarfile.TarError as e:
         raise InvalidArgument(f"{what}: {archive} is not a readable tar archive: {e}") from None
-    except FileExistsError as e:
-        raise InvalidArgument(f"{what}: archive entry {e.filename} appears twice") from None
 
 
 def copy_layout(src: Path, dest: Path, limit: int, what: str) -> None:
     """Copy a checkpoint layout held in an image (a mounted view) into `dest`, under the
-    same rules as `extract`: directories and regular files only, at most `limit` bytes."""
+    same rules as `extract`: directories and regular files only, at most `limit` bytes,
+    names and depth bounded (checked before the walk goes deeper)."""
     total = 0
-    for dirpath, dirnames, filenames in os.walk(src):
-        rel = Path(dirpath).relative_to(src)
-        for name in [*dirnames, *filenames]:
-            st = os.lstat(Path(dirpath) / name)
-            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
-                raise InvalidArgument(f"{what}: {rel / name} in the image is not a regular "
-                                      "file or directory")
-            total += st.st_size if stat.S_ISREG(st.st_mode) else 0
-            if total > limit:
-                raise ResourceExhausted(f"{what}: the image's checkpoint is larger than "
-                                        "checkpoint.max_archive_bytes")
-        (dest / rel).mkdir(mode=0o700, exist_ok=True)
-        for name in filenames:
-            shutil.copyfile(Path(dirpath) / name, dest / rel / name, follow_symlinks=False)
+    with _bad_input_is_invalid(what, "the image's checkpoint"):
+        for dirpath, dirnames, filenames in os.walk(src):
+            rel = Path(dirpath).relative_to(src)
+            for name in [*dirnames, *filenames]:
+                _member_path(dest, str(rel / name), what, MAX_DEPTH)
+                st = os.lstat(Path(dirpath) / name)
+                if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                    raise InvalidArgument(f"{what}: {_shown(str(rel / name))} in the image is "
+                                          "not a regular file or directory")
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+                if total > limit:
+                    raise ResourceExhausted(f"{what}: the image's checkpoint is larger than "
+                                            "checkpoint.max_archive_bytes")
+            (dest / rel).mkdir(mode=0o700, exist_ok=True)
+            for name in filenames:
+                with open(Path(dirpath) / name, "rb") as f, _create(dest / rel / name) as out:
+                    shutil.copyfileobj(f, out)
 
 
 def _rootfs_filter(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
@@ -268,8 +336,9 @@ def apply_rootfs_diff(src: Path, rootfs: Path, limit: int, what: str) -> None:
         deleted = read_json(src / DELETED_FILES, what)
         if not isinstance(deleted, list) or not all(isinstance(p, str) for p in deleted):
             raise InvalidArgument(f"{what}: {DELETED_FILES} is not a list of paths")
-        for name in deleted:
-            _remove_in(rootfs, name, what)
+        with _bad_input_is_invalid(what, DELETED_FILES):
+            for name in deleted:
+                _remove_in(rootfs, name, what)
 
 
 def _remove_in(rootfs: Path, name: str, what: str) -> None:

@@ -55,25 +55,40 @@ def _parsed(doc: Any, message: M, what: str) -> M:
     """`message` filled from the archived JSON `doc`; InvalidArgument naming `what`."""
     try:
         json_format.ParseDict(doc or {}, message)
-    except (json_format.ParseError, TypeError, AttributeError) as e:
+    except (json_format.ParseError, TypeError, AttributeError, ValueError) as e:
         raise InvalidArgument(f"{what} is unreadable: {e}") from None
     return message
 
 
 def restored_config(dump: dict[str, Any], request: pb.ContainerConfig) -> pb.ContainerConfig:
-    """What a restored container is: the checkpointed container's config (its process,
-    mounts, image: CRIU restores exactly that), named and labelled as the request says
-    (the kubelet's metadata, labels, annotations and log path for the new pod)."""
-    config = _parsed(dump.get("config"), pb.ContainerConfig(),
-                     "image: the archive's container config")
-    if request.metadata.name:
-        config.metadata.CopyFrom(request.metadata)
-    if request.log_path:
-        config.log_path = request.log_path
-    for key in ("labels", "annotations"):
-        if getattr(request, key):
-            getattr(config, key).clear()
-            getattr(config, key).update(getattr(request, key))
+    """What a restored container is: the request's config, as for a container made from
+    any image (user, groups, capabilities, seccomp, LSM, namespaces, mounts, devices,
+    resources), on the image the checkpoint's rootfs changes apply to. The archive gives
+    only that image, and the name and command where the request has none (RestorePod
+    without container_configs). A checkpointed container with a mount or device the
+    request lacks is refused; its processes' credentials are checked against the spec
+    (checkpoint/creds.py)."""
+    archived = _parsed(dump.get("config"), pb.ContainerConfig(),
+                       "image: the archive's container config")
+    if not archived.image.image:
+        raise InvalidArgument("image: the archive's container config names no image")
+    config = pb.ContainerConfig()
+    config.CopyFrom(request)
+    config.image.CopyFrom(pb.ImageSpec(image=archived.image.image))
+    if not request.metadata.name:
+        config.metadata.CopyFrom(archived.metadata)
+    if not (request.command or request.args):
+        config.command[:], config.args[:] = archived.command, archived.args
+        config.working_dir = config.working_dir or archived.working_dir
+    missing = [f"mount {m.container_path}" for m in archived.mounts
+               if m.container_path not in {r.container_path for r in request.mounts}]
+    missing += [f"device {d.container_path}" for d in archived.devices
+                if d.container_path not in {r.container_path for r in request.devices}]
+    if missing:
+        shown = ", ".join(p[:200] for p in missing[:10])
+        raise FailedPrecondition(f"image: the checkpointed container had {shown}"
+                                 f"{' …' if len(missing) > 10 else ''}, which the request "
+                                 "does not grant")
     return config
 
 
@@ -229,6 +244,10 @@ class CheckpointManager:
         sb = self.containers.ready_sandbox(sandbox_id)
         ref, limit = config.image.image, self.cfg.max_archive_bytes
         path = None
+        if not is_checkpoint_archive(ref) and not self.cfg.restore_from_images:
+            raise FailedPrecondition(
+                f"image {ref!r} holds a checkpoint, and restoring from images is off on this "
+                "node (checkpoint.restore_from_images)")
         if is_checkpoint_archive(ref):
             path = await asyncio.to_thread(archive.existing_archive, self.cfg.archive_dirs,
                                            ref, "image")
@@ -315,6 +334,9 @@ class CheckpointManager:
         if not config.metadata.name:
             config = _parsed(pod.get("config"), pb.PodSandboxConfig(),
                              "checkpoint_path: the pod config")
+            # What the archive says of privilege (namespaces, security context, sysctls,
+            # cgroup parent) is not taken: only the request grants it.
+            config.ClearField("linux")
             check_request(pb.RunPodSandboxRequest(config=config))
         handler = runtime_handler or str(pod.get("handler", ""))
         return config, handler, members

@@ -30,7 +30,7 @@ from pycri.api import api_pb2 as pb
 from pycri.cdi import names as cdi_names
 from pycri.cdi import registry as cdi
 from pycri.cdi.schema import ContainerEdits
-from pycri.checkpoint import archive
+from pycri.checkpoint import archive, creds
 from pycri.checkpoint.support import CheckpointSupport
 from pycri.config import Config
 from pycri.errors import (
@@ -385,6 +385,8 @@ class ContainerManager:
         async with step("checking the image's rootfs"):
             await asyncio.to_thread(pin_mount_destinations, str(rootfs), doc)
         if restore is not None:  # the process is restored at the start
+            async with step("checking the checkpoint against the request"):
+                await asyncio.to_thread(creds.check, restore / archive.CHECKPOINT_DIR, doc)
             async with step("writing the bundle"):
                 bundle = await asyncio.to_thread(self.launcher.write_bundle, c.id, doc)
                 undo.push_async_callback(self.launcher.delete, c.id, c.handler)
@@ -564,9 +566,22 @@ class ContainerManager:
                 await self._stop_locked(c, timeout)
 
     async def _stop_locked(self, c: Container, timeout: int) -> None:
-        if c.state in RUNNING_STATES:
+        if c.state in RUNNING_STATES and c.restore_images:
+            self._stop_unrestored(c)
+        elif c.state in RUNNING_STATES:
             await self._kill(c, timeout)
         await self._nri_stopped(c)
+
+    def _stop_unrestored(self, c: Container) -> None:
+        """A container made from a checkpoint and not restored yet has no process (only
+        its bundle): there is no exit to wait for. It exits as a created container
+        killed before its start does, with 137."""
+        c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 128 + signal.SIGKILL, "Error"
+        c.message = "stopped before its restore"
+        c.finished_at = time.time_ns()
+        self._save(c)
+        self._publish(c, events.STOPPED)
+        self._nri_stop(c)
 
     async def _kill(self, c: Container, timeout: int) -> None:
         if timeout > 0 and c.state == pb.CONTAINER_RUNNING:

@@ -22,8 +22,10 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
+from pycri.oci.spec import ALL_CAPABILITIES
 from tests.e2e.conftest import CRIU, Node
-from tests.lib import images, tools
+from tests.lib import hostile_checkpoints, images, tools
+from tests.lib.criu_images import write_core
 from tests.lib.registry import Registry
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +42,90 @@ def refused(call: Callable[[Any], Any], request: Any, code: grpc.StatusCode) -> 
         call(request)
     assert e.value.code() == code, e.value.details()
     return str(e.value.details())
+
+
+def criu_stand_in(node: Node, *, restore_from_images: bool = False) -> None:
+    """A criu that answers only the probe (`criu check` passes), so the checkpoint RPCs
+    get past it on hosts whose CRIU cannot work; nothing here ever reaches CRIU itself.
+    Takes effect at the next restart."""
+    stand_in = node.tmp / "criu-probe"
+    stand_in.write_text("#!/bin/sh\nexit 0\n")
+    stand_in.chmod(0o755)
+    node.proc.config.write_text(node.proc.config.read_text().replace(
+        f'criu = "{CRIU}"', f'criu = "{stand_in}"'))
+    if restore_from_images:
+        allow_image_restores(node)
+
+
+def allow_image_restores(node: Node) -> None:
+    """`checkpoint.restore_from_images` on, from the next restart."""
+    node.proc.config.write_text(node.proc.config.read_text().replace(
+        "[checkpoint]\n", "[checkpoint]\nrestore_from_images = true\n"))
+
+
+def fake_checkpoints(node: Node, images: Path) -> None:
+    """Runtime handler "fakeckpt": runc, except that its `checkpoint` copies the CRIU
+    images in `images` (made by crit) instead of dumping, and its `restore` fails as
+    CRIU would on such images. With `criu_stand_in`, checkpoints and restores run their
+    whole course in pycri on any host. Restarts the daemon."""
+    node.add_runtime("fakeckpt", f"""#!/bin/sh
+for a in "$@"; do [ "$a" = --help ] && exec /usr/sbin/runc "$@"; done
+prev=
+for a in "$@"; do
+    [ "$prev" = --image-path ] && dest="$a"
+    [ "$a" = restore ] && {{ echo "restore: CRIU cannot work here" >&2; exit 1; }}
+    prev="$a"
+done
+for a in "$@"; do
+    [ "$a" = checkpoint ] && {{ cp -r {images}/. "$dest"/ && exit 0; exit 1; }}
+done
+exec /usr/sbin/runc "$@"
+""")
+
+
+def confined(node: Node, name: str) -> pb.ContainerConfig:
+    """What the attacker's request asks for: uid 1000, no capability, RuntimeDefault
+    seccomp, no mount."""
+    config = node.container_config(name, ["sleep", "3600"])
+    sc = config.linux.security_context
+    sc.run_as_user.value = 1000
+    sc.capabilities.drop_capabilities.append("ALL")
+    sc.seccomp.profile_type = pb.SecurityProfile.RuntimeDefault
+    return config
+
+
+def container_json(node: Node, **linux: Any) -> bytes:
+    """A pycri.container.json; `linux` goes into the config's security context, a
+    `mounts` key into its mounts."""
+    mounts = linux.pop("mounts", [])
+    config = {"metadata": {"name": "evil"}, "image": {"image": node.image},
+              "command": ["sleep", "3600"], "mounts": mounts,
+              "linux": {"securityContext": linux}}
+    return json.dumps({"version": 1, "config": config, "image_id": ""}).encode()
+
+
+# What the hostile checkpoint of the issue claims for itself.
+PRIVILEGED = {"runAsUser": {"value": "0"}, "capabilities": {"addCapabilities": ["ALL"]},
+              "seccomp": {"profileType": "Unconfined"}}
+HOST_ROOT = [{"containerPath": "/host", "hostPath": "/"}]
+
+
+def checkpoint_source(node: Node, registry: Registry, via: str, name: str, doc: bytes,
+                      core: Path) -> str:
+    """A checkpoint layout (`doc` as pycri.container.json, `core` as CRIU's only image)
+    as an archive in the archive dir or as a pulled image marked as a checkpoint; the
+    reference CreateContainer takes for it."""
+    entries = [images.file("pycri.container.json", doc), images.directory("checkpoint"),
+               images.file(f"checkpoint/{core.name}", core.read_bytes())]
+    if via == "archive":
+        path = archives(node) / f"{name}.tar"
+        path.write_bytes(images.tar_bytes(entries))
+        return str(path)
+    ref = images.push_image(registry.addr, node.tmp / f"layout-{name}", name, "v1", [
+        images.ImageSpec(layers=[entries], annotations={
+            "org.criu.checkpoint.container.name": "evil"})])
+    node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
+    return ref
 
 
 def count(node: Node, cid: str) -> int:
@@ -164,6 +250,9 @@ def test_an_image_holding_a_checkpoint_restores_like_the_archive(
             "org.criu.checkpoint.container.name": "counter"})])
     node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=ref)))
     rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sid))
+    allow_image_restores(node)
+    node.restart()
+    rt = node.cri.runtime
 
     new_sid, new_pod = node.run_pod("img-dst")
     restored = node.container_config("counter", [])
@@ -291,11 +380,7 @@ def test_a_container_frozen_by_a_checkpoint_is_thawed_after_a_crash(node: Node) 
     killed. The dump never reaches CRIU here, on any host: a wrapper runtime holds runc's
     `checkpoint` command (the fault injected) and a stand-in answers the criu probe."""
     held, release = node.tmp / "ckpt-held", node.tmp / "ckpt-release"
-    stand_in = node.tmp / "criu-probe"
-    stand_in.write_text("#!/bin/sh\nexit 0\n")
-    stand_in.chmod(0o755)
-    node.proc.config.write_text(node.proc.config.read_text().replace(
-        f'criu = "{CRIU}"', f'criu = "{stand_in}"'))
+    criu_stand_in(node)
     node.add_runtime("heldckpt", f"""#!/bin/sh
 for a in "$@"; do [ "$a" = --help ] && exec /usr/sbin/runc "$@"; done
 for a in "$@"; do
@@ -340,3 +425,146 @@ exec /usr/sbin/runc "$@"
     assert_counts_on(node, cid, 0)
     assert "thawed, left frozen by a checkpoint" in node.proc.log_text()
     assert not (archives(node) / "cut.tar").exists()
+
+
+def test_a_checkpoint_image_restores_only_where_the_operator_allows_it(
+    node: Node, registry: Registry
+) -> None:
+    """Anyone who can push an image can write one that says it is a checkpoint: restoring
+    from images is off unless `checkpoint.restore_from_images` is set."""
+    criu_stand_in(node)
+    node.restart()
+    core = write_core(node.tmp / "core", uid=1000)
+    ref = checkpoint_source(node, registry, "image", "ckpt-off", container_json(node), core)
+    sid, pod = node.run_pod("ckpt-off")
+    request = confined(node, "restored")
+    request.image.image = ref
+    details = refused(node.cri.runtime.CreateContainer, pb.CreateContainerRequest(
+        pod_sandbox_id=sid, config=request, sandbox_config=pod),
+        grpc.StatusCode.FAILED_PRECONDITION)
+    assert "checkpoint.restore_from_images" in details
+    assert node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers == []
+
+
+@pytest.mark.parametrize("via", ["archive", "image"])
+def test_the_request_sets_privilege_never_the_checkpoint(
+    node: Node, registry: Registry, via: str
+) -> None:
+    """The escape of issue 22: a checkpoint asking for uid 0, every capability, no
+    seccomp and the host's / got all of it whatever the request said. The container gets
+    what the request grants, and a checkpoint whose processes had more is refused."""
+    criu_stand_in(node, restore_from_images=True)
+    node.restart()
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("ckpt-priv")
+    granted = write_core(node.tmp / "granted", uid=1000)  # what the request grants
+
+    def create(name: str, doc: bytes, core: Path) -> str:
+        request = confined(node, name)
+        request.image.image = checkpoint_source(node, registry, via, name, doc, core)
+        return str(rt.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=sid, config=request, sandbox_config=pod)).container_id)
+
+    cid = create("claims", container_json(node, **PRIVILEGED), granted)
+    spec = json.loads((node.proc.state / "bundles" / cid / "config.json").read_text())
+    assert spec["process"]["user"]["uid"] == 1000
+    assert not any(spec["process"]["capabilities"].values()), spec["process"]["capabilities"]
+    assert "seccomp" in spec["linux"]
+    assert "/host" not in [m["destination"] for m in spec["mounts"]]
+
+    def refused_create(name: str, doc: bytes, core: Path) -> str:
+        with pytest.raises(grpc.RpcError) as e:
+            create(name, doc, core)
+        assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+        return str(e.value.details())
+
+    details = refused_create("mounts", container_json(node, mounts=HOST_ROOT), granted)
+    assert "/host" in details
+    root = write_core(node.tmp / "root", uid=0, caps=ALL_CAPABILITIES, seccomp="disabled")
+    details = refused_create("root", container_json(node), root)
+    assert "uid 0" in details and "CAP_SYS_ADMIN" in details and "seccomp" in details, details
+    assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == [cid]
+
+
+def test_a_pod_with_a_container_from_a_checkpoint_can_always_be_removed(node: Node) -> None:
+    """A container made from a checkpoint has no process until its restore: stopping its
+    pod waited 30 s for an exit that could never come, and failed, forever. Checkpointed
+    (by the fake runtime), restore pending, restore failed: each pod goes."""
+    criu_stand_in(node)
+    fake_checkpoints(node, write_core(node.tmp / "images", uid=1000).parent)
+    rt = node.cri.runtime
+
+    def pod(name: str) -> tuple[str, pb.PodSandboxConfig]:
+        config = node.pod_config(name)
+        return rt.RunPodSandbox(pb.RunPodSandboxRequest(
+            config=config, runtime_handler="fakeckpt")).pod_sandbox_id, config
+
+    sid, config = pod("fake-src")
+    source = confined(node, "counter")
+    cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=sid, config=source, sandbox_config=config)).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    archive = archives(node) / "fake.tar"
+    rt.CheckpointContainer(pb.CheckpointContainerRequest(container_id=cid,
+                                                         location=str(archive)))
+    assert archive.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in archives(node).iterdir()] == ["fake.tar"]
+
+    for name, start in (("pending", False), ("failed", True)):
+        new_sid, new_pod = pod(f"fake-{name}")
+        request = confined(node, "counter")
+        request.image.image = str(archive)
+        new_cid = rt.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=new_sid, config=request, sandbox_config=new_pod)).container_id
+        if start:
+            details = refused(rt.StartContainer, pb.StartContainerRequest(
+                container_id=new_cid), grpc.StatusCode.UNKNOWN)
+            assert "CRIU cannot work here" in details
+            assert node.status(new_cid).reason == "StartError"
+        rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=new_sid))
+        assert node.status(new_cid).state == pb.CONTAINER_EXITED
+        rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=new_sid))
+        assert new_cid not in [c.id for c in rt.ListContainers(
+            pb.ListContainersRequest()).containers]
+    assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]
+
+
+@pytest.mark.parametrize("via", ["archive", "image"])
+def test_hostile_checkpoints_are_refused_and_change_nothing(
+    node: Node, registry: Registry, via: str
+) -> None:
+    """Issue 22: each layout of the corpus (tests/lib/hostile_checkpoints.py), as an
+    archive and as an image, gets its code, never INTERNAL or UNKNOWN, and leaves
+    nothing: no container, no work directory, no file outside."""
+    criu_stand_in(node, restore_from_images=True)
+    node.restart()
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("hostile")
+    escape = Path("/tmp/pycri-escape")
+    got = {}
+    for name in hostile_checkpoints.NAMES:
+        entries = hostile_checkpoints.build(name, node.image, node.tmp / "corpus" / name)
+        request = confined(node, "restored")
+        try:
+            if via == "archive":
+                path = archives(node) / f"{name}.tar"
+                path.write_bytes(images.tar_bytes(entries))
+                request.image.image = str(path)
+            else:
+                request.image.image = images.push_image(
+                    registry.addr, node.tmp / "layouts" / name, f"hostile-{name}", "v1", [
+                        images.ImageSpec(layers=[entries], annotations={
+                            "org.criu.checkpoint.container.name": name})])
+                node.cri.image.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=request.image.image)))
+            rt.CreateContainer(pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=request, sandbox_config=pod))
+            got[name] = "OK"
+        except grpc.RpcError as e:
+            got[name] = f"{e.code().name}: {e.details()}"
+    expected = {n: c.name for n, c in hostile_checkpoints.EXPECT.items()}
+    assert {n: g.split(":")[0] for n, g in got.items()} == expected, got
+    assert rt.ListContainers(pb.ListContainersRequest()).containers == []
+    assert list((node.proc.root / "checkpoints").iterdir()) == []
+    assert not escape.exists()
+    assert [p.id for p in rt.ListPodSandbox(pb.ListPodSandboxRequest()).items] == [sid]

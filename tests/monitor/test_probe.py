@@ -12,10 +12,11 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.config import Config
 from pycri.launcher import Launcher
-from pycri.monitor.probe import Fact, Identity, identity_of, is_alive, is_same, start_time
+from pycri.monitor.probe import Fact, identity_of, is_alive, is_same, start_time
 from pycri.monitor.reaper import Reaper
 from pycri.store import Store
 from pycri.store.container import Container
+from pycri.store.identity import Identity
 from pycri.store.sandbox import Sandbox
 
 
