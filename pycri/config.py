@@ -92,6 +92,18 @@ class StreamingConfig:
 
 
 @dataclass
+class MetricsConfig:
+    """Bounds on the /metrics listener (`metrics_address`), open to every local user."""
+
+    # Connections in all and per peer address; more are closed at once.
+    max_connections: int = 64
+    max_connections_per_peer: int = 16
+    # Seconds a client gets to send its whole request head, and to take the answer.
+    header_timeout: float = 5.0
+    send_timeout: float = 10.0
+
+
+@dataclass
 class HelpersConfig:
     """Helper processes pycri starts itself (runtime CLI calls, CNI plugins, conmon)."""
 
@@ -183,6 +195,7 @@ class Config:
     cni: CNIConfig = field(default_factory=CNIConfig)
     images: ImagesConfig = field(default_factory=ImagesConfig)
     streaming: StreamingConfig = field(default_factory=StreamingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     helpers: HelpersConfig = field(default_factory=HelpersConfig)
     cdi: CDIConfig = field(default_factory=CDIConfig)
     lists: ListsConfig = field(default_factory=ListsConfig)
@@ -380,6 +393,7 @@ __all__ = [
     "ConfigError",
     "HelpersConfig",
     "ImagesConfig",
+    "MetricsConfig",
     "NRIConfig",
     "RuntimeHandler",
     "StreamingConfig",
