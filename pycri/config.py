@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from pycri import procs
+from pycri import parsefail, procs
 
 DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
 
@@ -300,7 +300,7 @@ def _build(cls: Any, data: dict[str, Any], prefix: str = "") -> Any:
 
 def _choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+        raise ConfigError(f"{key}: must be one of {', '.join(allowed)}")
 
 
 def _check_number(key: str, value: float, lo: float, hi: float) -> None:
@@ -349,7 +349,7 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
     _choice("log_format", cfg.log_format, LOG_FORMATS)
     _choice("cgroup_driver", cfg.cgroup_driver, CGROUP_DRIVERS)
     if cfg.default_runtime not in cfg.runtimes:
-        raise ConfigError(f"default_runtime: {cfg.default_runtime!r} is not a [runtimes] handler")
+        raise ConfigError("default_runtime: names no [runtimes] handler")
     for name, h in cfg.runtimes.items():
         _choice(f"runtimes.{name}.type", h.type, RUNTIME_TYPES)
         if not h.path:
@@ -359,8 +359,7 @@ def validate(cfg: Config, check_binaries: bool = True) -> None:
     if cfg.metrics_address:
         host, sep, port = cfg.metrics_address.rpartition(":")
         if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError(f"metrics_address: {cfg.metrics_address!r} is not host:port "
-                              "(port 1-65535)")
+            raise ConfigError("metrics_address: expected host:port (port 1-65535)")
     if check_binaries:
         # Only the default handler must exist: a host without crun still runs pods with
         # runc; a pod asking for a missing handler gets a clear error, `pycri check` says why.
@@ -393,8 +392,10 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {path}: not found") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"config file {path}: {e}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"config file {path}: {parsefail.invalid('TOML', e)}") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path}: {e.strerror or type(e).__name__}") from None
     for k, v in (overrides or {}).items():
         if v is not None:
             data[k] = v

@@ -56,9 +56,9 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, message: str) -> None
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"log_level": "loud"}, "log_level: 'loud' is not one of"),
+        ({"log_level": "loud"}, "log_level: must be one of debug, info"),
         ({"cgroup_driver": "cgroupv3"}, "cgroup_driver:"),
-        ({"default_runtime": "kata"}, "default_runtime: 'kata' is not a"),
+        ({"default_runtime": "kata"}, "default_runtime: names no \\[runtimes\\]"),
         ({"root": "relative/dir"}, "root: must be an absolute path"),
         ({"conmon": "/nonexistent/conmon"}, "conmon: '/nonexistent/conmon' is not an executable"),
     ],
@@ -180,7 +180,7 @@ def test_cli_config_prints_effective_toml() -> None:
                                      "localhost:http"])
 def test_metrics_address_must_be_host_and_port(address: str) -> None:
     cfg = Config(metrics_address=address)
-    with pytest.raises(ConfigError, match=r"metrics_address: .* is not host:port"):
+    with pytest.raises(ConfigError, match=r"metrics_address: expected host:port"):
         validate(cfg, check_binaries=False)
 
 
