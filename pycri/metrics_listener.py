@@ -43,6 +43,7 @@ class MetricsListener:
         self.limits = limits  # read per connection: a reload's new bounds apply at once
         self.registry = registry
         self._sock = _bind(host.strip("[]"), int(port))
+        self.port: int = self._sock.getsockname()[1]
         self._loop = asyncio.new_event_loop()
         self._stopping = asyncio.Event()
         self._open = 0
