@@ -316,8 +316,8 @@ def _check_path(key: str, value: str, kind: str) -> None:
         raise ConfigError(f"{key}: must not contain a NUL byte")
     if kind == OPTIONAL and not value:
         return
-    if kind == COMMAND and value and "/" not in value:
-        return  # a name looked up in PATH (the binary checks say if it is there)
+    if kind == COMMAND and "/" not in value:
+        return  # a name looked up in PATH, or unset: the checks of binaries say which
     if not os.path.isabs(value):
         raise ConfigError(f"{key}: must be an absolute path")
     if kind == NORMALISED and os.path.normpath(value) != value:
