@@ -9,6 +9,10 @@ answers Version within 1 s. At the end it removes everything and checks for leak
 RPC and status code, and each finding with its reproducer; exit status 1 if any.
 
     PYTHONPATH=$PWD .venv/bin/python hack/fuzz.py --requests 100000 --out /var/tmp/fuzz
+
+The other doors (CDI spec files, config files, the metrics listener) are fuzzed by
+tests/test_doors.py; a long run: PYCRI_FUZZ_EXAMPLES=100000 .venv/bin/pytest
+tests/test_doors.py -k generated
 """
 
 from __future__ import annotations

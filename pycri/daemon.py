@@ -238,7 +238,7 @@ class Daemon:
         metrics.REGISTRY.register(self._collector)  # computes nothing until scraped
         if cfg.metrics_address:
             try:
-                self._stop_metrics = metrics.serve(cfg.metrics_address)
+                self._stop_metrics = metrics.serve(cfg.metrics_address, cfg.metrics)
             except OSError as e:
                 raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
             log.info("metrics on http://%s/metrics", cfg.metrics_address)
@@ -399,6 +399,7 @@ class Daemon:
             if self._stop_metrics is not None:
                 await asyncio.to_thread(self._stop_metrics)
             self._stop_metrics, cfg.metrics_address = metrics_stop, new.metrics_address
+        reload.assign(cfg.metrics, new.metrics)  # the listener reads its bounds from there
         cfg.default_runtime, cfg.runtimes = new.default_runtime, new.runtimes
         if self.launcher is not None:
             self.launcher.set_runtimes()
@@ -475,7 +476,7 @@ class Daemon:
     async def _serve_metrics(self, address: str) -> Callable[[], None]:
         """A metrics endpoint on `address`; returns its stop. DaemonError naming the key."""
         try:
-            return await asyncio.to_thread(metrics.serve, address)
+            return await asyncio.to_thread(metrics.serve, address, self.cfg.metrics)
         except OSError as e:
             raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
 

@@ -6,7 +6,8 @@ their kind passes (the `rpc` wrapper, `OCIRuntime.run`, `run_plugin`, `PluginLin
 the image pull): one observe per call, no lock held across an await. Pods, containers, conmons and
 streaming sessions are counted only when scraped, from the daemon's in-memory records
 (`StateCollector`), so the CRI path does no bookkeeping for them. The endpoint is
-prometheus_client's HTTP server in its own thread: a scrape never waits on the loop.
+pycri/metrics_listener.py, one thread with its own event loop: a scrape never waits on
+the daemon's loop, and a flood of connections is bounded there.
 
 The counters are this module's own, and prometheus_client (with the http.server, email
 and urllib it brings, 2.6 MiB of an idle daemon's 55) is imported only when something
@@ -24,6 +25,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
+
+from pycri.config import MetricsConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -275,18 +278,11 @@ def _count(enum: object, states: Iterable[int]) -> list[tuple[str, int]]:
             for v, n in counts.items()]
 
 
-def serve(address: str) -> Callable[[], None]:
-    """Serve /metrics on `address` (host:port) from a thread; returns the stopper.
-    Raises OSError when the address cannot be bound."""
-    from prometheus_client import start_http_server
+def serve(address: str, limits: MetricsConfig | None = None) -> Callable[[], None]:
+    """Serve /metrics on `address` (host:port) within `limits` from its own thread
+    (pycri/metrics_listener.py); returns the stopper. OSError when it cannot be bound."""
+    from pycri.metrics_listener import MetricsListener
 
-    host, _, port = address.rpartition(":")
-    server, thread = start_http_server(int(port), addr=host.strip("[]"),
-                                       registry=REGISTRY.prometheus())
-
-    def stop() -> None:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-    return stop
+    listener = MetricsListener(address, limits or MetricsConfig(), REGISTRY.prometheus())
+    listener.start()
+    return listener.stop

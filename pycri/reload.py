@@ -5,7 +5,7 @@ differs must be one the daemon can take live. Anything else (root, state, the so
 the cgroup driver, a handler's state root...) is refused with the key named, because
 taking it live would orphan running pods or their runtime state; those need a restart.
 
-Whole sections ([cdi], [checkpoint], [nri]) reload key by key as their owners read
+Whole sections ([metrics], [cdi], [checkpoint], [nri]) reload key by key as their owners read
 them, so a key added to one later reloads too (docs/operating.md lists the effects).
 """
 
@@ -18,7 +18,7 @@ from pycri.config import Config, ConfigError, NRIConfig
 
 # Dotted keys (or prefixes ending in ".") a running daemon applies (Daemon.reload).
 RELOADABLE = (
-    "log_level", "log_format", "default_runtime", "runtimes.", "metrics_address",
+    "log_level", "log_format", "default_runtime", "runtimes.", "metrics_address", "metrics.",
     "images.registries_conf", "images.registries_conf_dir", "pause_image", "cni.conf_dir",
     "cni.bin_dirs", "cni.plugin_timeout", "cdi.", "checkpoint.", "nri.",
 )  # fmt: skip

@@ -1,14 +1,19 @@
-"""What a SIGHUP may change (pycri/reload.py), decided from two configs."""
+"""What a SIGHUP may change (pycri/reload.py), decided from two configs; and that a
+running daemon refuses at reload what it refuses at start."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import signal
+import time
 
 import pytest
 
 from pycri import reload
 from pycri.config import Config, ConfigError, NRIConfig, RuntimeHandler
+from tests.conftest import PycriProcess
 
 
 def test_changed_keys_are_dotted_and_sorted() -> None:
@@ -75,3 +80,40 @@ def test_an_nri_listener_is_bound_only_when_connections_start_or_move() -> None:
         old = olds.get(name, on)
         assert reload.nri_needs_new_listener(old, new) is expected, name
     assert reload.nri_needs_new_listener(NRIConfig(enable=False), on)
+
+
+def _sighup(pycri: PycriProcess, text: str) -> str:
+    """Write the config, SIGHUP the daemon, return its reload line."""
+    assert pycri.proc is not None
+    start = len(pycri.log_text())
+    pycri.config.write_text(text)
+    os.kill(pycri.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        lines = [x for x in pycri.log_text()[start:].splitlines() if "config reload" in x]
+        if lines:
+            return lines[0]
+        time.sleep(0.05)
+    raise AssertionError(pycri.log_text()[start:])
+
+
+@pytest.mark.parametrize(("table", "line", "key"), [
+    ("[nri]", "request_timeout = nan", "nri.request_timeout"),
+    ("[nri]", "registration_timeout = inf", "nri.registration_timeout"),
+    ("[cni]", "plugin_timeout = nan", "cni.plugin_timeout"),
+    ("[checkpoint]", "timeout = inf", "checkpoint.timeout"),
+    ("[cdi]", "max_spec_bytes = 9223372036854775807", "cdi.max_spec_bytes"),
+    ("[metrics]", "header_timeout = -inf", "metrics.header_timeout"),
+    ("[cdi]", "spec_dirs = ['cdi']", "cdi.spec_dirs[0]"),
+])
+def test_reload_refuses_what_start_refuses(pycri: PycriProcess, table: str, line: str,
+                                           key: str) -> None:  # fmt: skip
+    """Issue 22, defect 6: the values SIGHUP took are refused naming the key, and the
+    running config stays (a good reload after it changes only its own key)."""
+    base = pycri.config.read_text()
+    bad = base.replace(f"{table}\n", f"{table}\n{line}\n") if table in base else (
+        f"{base}{table}\n{line}\n")
+    refused = _sighup(pycri, bad)
+    assert f"config reload refused, the running config stays: {key}: " in refused, refused
+    assert _sighup(pycri, f"{base}[lists]\n").endswith(
+        "config reloaded: nothing changed"), "the refused file's values were taken"

@@ -13,6 +13,12 @@ import re
 
 ANNOTATION_PREFIX = "cdi.k8s.io/"
 
+# The rules, worded without a value (a spec file's values are not repeated).
+KIND_RULE = ("expected vendor/class, each starting with a letter and ending with a letter "
+             "or digit, with letters, digits, '_', '-' or '.' between")
+DEVICE_RULE = ("expected a device name starting and ending with a letter or digit, with "
+               "letters, digits, '_', '-', '.' or ':' between")
+
 _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.\-]*[A-Za-z0-9])?")
 _DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:\-]*[A-Za-z0-9])?")
 

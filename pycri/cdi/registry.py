@@ -6,7 +6,8 @@ inode, size or mtime changed, so an edited spec takes effect on the next
 CreateContainer without a re-parse on every call. Later dirs override earlier ones
 (the CDI spec's priority: /var/run/cdi over /etc/cdi); the same device in two files
 of one dir is a conflict. A file that cannot be read or checked is reported when a
-device of its kind (or an unknown device) is asked for, naming the file.
+device of its kind (or an unknown device) is asked for, naming the file and what is
+wrong, never quoting it (a spec dir entry may link to any file root can read).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from pycri import parsefail
 from pycri.cdi import edits as edits_mod
 from pycri.cdi import names
 from pycri.cdi.schema import ContainerEdits, DeviceNode, Spec, SpecError, parse_spec
@@ -64,8 +66,8 @@ def decode(path: str, data: bytes) -> Any:
     except (ValueError, yaml.YAMLError) as e:
         if isinstance(e, SpecError):
             raise
-        raise SpecError(f"not valid {'JSON' if path.endswith('.json') else 'YAML'}: "
-                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise SpecError(parsefail.invalid("JSON" if path.endswith(".json") else "YAML", e)
+                        ) from None
     return doc
 
 

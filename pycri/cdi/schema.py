@@ -4,7 +4,10 @@ Strict like the spec asks: an unknown field, a wrong type, or a field newer than
 file's `cdiVersion` is an error (e.g. `hostPath` on a device node needs 0.5.0,
 `additionalGids` 0.7.0). Versions read: 0.3.0 to 1.0.x; 1.1.0's network devices and
 RDT schemata are not supported, so a 1.1 file is refused rather than half-applied.
-Errors are `SpecError` with a message naming the field's path in the document.
+Errors are `SpecError` with a message naming the field's path in the document and
+the rule it breaks, never its value: a spec dir entry may be a link to any file root
+can read (/etc/shadow parses as YAML whose keys are its lines, issue 22 defect 7), and
+the message reaches the CRI client. Only a version number is repeated.
 """
 
 from __future__ import annotations
@@ -102,7 +105,7 @@ def parse_version(text: Any) -> tuple[int, int]:
     """(major, minor) of a supported `cdiVersion`, else SpecError."""
     m = _VERSION_RE.fullmatch(text) if isinstance(text, str) else None
     if m is None:
-        raise SpecError(f"cdiVersion: {text!r} is not a version like 0.6.0")
+        raise SpecError("cdiVersion: expected a version like 0.6.0")
     v = (int(m[1]), int(m[2]))
     if v not in VERSIONS:
         raise SpecError(f"cdiVersion: {text} is not supported (pycri reads 0.3.0 to 1.0.x)")
@@ -123,9 +126,10 @@ class _Reader:
     def obj(value: Any, where: str, allowed: tuple[str, ...]) -> Mapping[str, Any]:
         if not isinstance(value, dict):
             raise SpecError(f"{where}: expected an object, got {type(value).__name__}")
-        for k in value:
+        for i, k in enumerate(value):
             if k not in allowed:
-                raise SpecError(f"{where}: unknown field {k!r}")
+                raise SpecError(f"{where}: unknown field (its field {i + 1}; known: "
+                                f"{', '.join(allowed)})")
         return value
 
     @staticmethod
@@ -164,13 +168,13 @@ class _Reader:
     def env(self, value: Any, where: str) -> str:
         s = self.string(value, where)
         if not s.partition("=")[0] or "=" not in s:
-            raise SpecError(f"{where}: {s!r} is not NAME=value")
+            raise SpecError(f"{where}: expected NAME=value")
         return s
 
     def absolute(self, value: Any, where: str) -> str:
         s = self.string(value, where, required=True)
         if not os.path.isabs(s):
-            raise SpecError(f"{where}: {s!r} is not an absolute path")
+            raise SpecError(f"{where}: expected an absolute path")
         return s
 
     def device_node(self, value: Any, where: str) -> DeviceNode:
@@ -182,10 +186,10 @@ class _Reader:
             host = self.absolute(d["hostPath"], f"{where}.hostPath")
         kind = self.string(d.get("type", ""), f"{where}.type")
         if kind and kind not in DEVICE_TYPES:
-            raise SpecError(f"{where}.type: {kind!r} is not one of {', '.join(DEVICE_TYPES)}")
+            raise SpecError(f"{where}.type: expected one of {', '.join(DEVICE_TYPES)}")
         perms = self.string(d.get("permissions", ""), f"{where}.permissions")
         if set(perms) - set("rwm"):
-            raise SpecError(f"{where}.permissions: {perms!r} is not within 'rwm'")
+            raise SpecError(f"{where}.permissions: expected letters of 'rwm'")
 
         def opt(key: str, hi: int, lo: int = 0) -> int | None:
             return None if key not in d else self.integer(d[key], f"{where}.{key}", lo, hi)
@@ -217,7 +221,7 @@ class _Reader:
         h = self.obj(value, where, ("hookName", "path", "args", "env", "timeout"))
         name = self.string(h.get("hookName"), f"{where}.hookName", required=True)
         if name not in HOOK_NAMES:
-            raise SpecError(f"{where}.hookName: {name!r} is not one of {', '.join(HOOK_NAMES)}")
+            raise SpecError(f"{where}.hookName: expected one of {', '.join(HOOK_NAMES)}")
         return Hook(
             hook_name=name,
             path=self.absolute(h.get("path"), f"{where}.path"),
@@ -257,10 +261,10 @@ class _Reader:
     def device(self, value: Any, where: str) -> Device:
         d = self.obj(value, where, ("name", "annotations", "containerEdits"))
         name = self.string(d.get("name"), f"{where}.name", required=True)
-        if problem := names.device_name_problem(name):
-            raise SpecError(f"{where}.name: {problem}")
+        if names.device_name_problem(name):
+            raise SpecError(f"{where}.name: {names.DEVICE_RULE}")
         if name[0].isdigit():
-            self.since(V_HOST_PATH, f"{where}.name {name!r} (starting with a digit)")
+            self.since(V_HOST_PATH, f"{where}.name (starting with a digit)")
         self.annotations(d.get("annotations", {}), f"{where}.annotations")
         edits = d.get("containerEdits")
         return Device(name=name, edits=ContainerEdits() if edits is None
@@ -273,19 +277,19 @@ def parse_spec(doc: Any) -> Spec:
                                     "containerEdits"))
     r = _Reader(parse_version(top.get("cdiVersion")))
     kind = r.string(top.get("kind"), "kind", required=True)
-    if problem := names.kind_problem(kind):
-        raise SpecError(problem)
+    if names.kind_problem(kind):
+        raise SpecError(f"kind: {names.KIND_RULE}")
     if "." in kind.partition("/")[2]:
-        r.since(V_ANNOTATIONS, f"kind {kind!r} (a '.' in the class)")
+        r.since(V_ANNOTATIONS, "kind (a '.' in the class)")
     r.annotations(top.get("annotations", {}), "annotations")
     devices = r.items(top.get("devices"), "devices", r.device)
     if not devices:
         raise SpecError("devices: a spec must define at least one device")
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for i, d in enumerate(devices):
         if d.name in seen:
-            raise SpecError(f"devices[{i}].name: {d.name!r} is defined twice")
-        seen.add(d.name)
+            raise SpecError(f"devices[{i}].name: defined before, by devices[{seen[d.name]}]")
+        seen[d.name] = i
     edits = top.get("containerEdits")
     return Spec(version=top["cdiVersion"], kind=kind, devices=devices,
                 edits=ContainerEdits() if edits is None else r.edits(edits, "containerEdits"))

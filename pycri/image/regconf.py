@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycri import errors
+from pycri import errors, parsefail
 from pycri.image.reference import DOCKER_HUB, DOCKER_HUB_ENDPOINT, Reference
 
 
@@ -80,13 +80,20 @@ def _str(table: dict[str, Any], key: str, where: str) -> str:
     return value.rstrip("/")
 
 
+def _tables(value: Any, where: str) -> list[dict[str, Any]]:
+    """An array of tables (`[[registry]]`, `[[registry.mirror]]`), else InvalidArgument."""
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise errors.InvalidArgument(f"{where}: must be an array of tables")
+    return value
+
+
 def _parse_registry(table: dict[str, Any], where: str) -> _Registry:
     location = _str(table, "location", where)
     prefix = _str(table, "prefix", where) or location
     if not prefix:
         raise errors.InvalidArgument(f"{where}: [[registry]] needs a prefix or a location")
     mirrors = []
-    for i, m in enumerate(table.get("mirror", [])):
+    for i, m in enumerate(_tables(table.get("mirror", []), f"{where} mirror")):
         mw = f"{where} mirror[{i}]"
         loc = _str(m, "location", mw)
         if not loc:
@@ -133,8 +140,10 @@ class RegistriesConf:
             except FileNotFoundError:
                 continue
             except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                raise errors.InvalidArgument(f"registries config {f}: {e}") from None
-            for i, table in enumerate(data.get("registry", [])):
+                # Named, never quoted: the file may be a link to anything root reads.
+                raise errors.InvalidArgument(
+                    f"registries config {f}: {parsefail.invalid('TOML', e)}") from None
+            for i, table in enumerate(_tables(data.get("registry", []), f"{f} registry")):
                 reg = _parse_registry(table, f"{f} registry[{i}]")
                 by_prefix[reg.prefix] = reg
         return cls(list(by_prefix.values()))

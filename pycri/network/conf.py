@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pycri import parsefail
 from pycri.resources import data_path
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class NetworkConfig:
 def version_tuple(v: str) -> tuple[int, int, int]:
     m = _VERSION_RE.match(v)
     if not m:
-        raise ValueError(f"cniVersion {v!r} is not of the form X.Y.Z")
+        raise ValueError("cniVersion: expected the form X.Y.Z")
     return int(m[1]), int(m[2]), int(m[3])
 
 
@@ -65,7 +66,7 @@ def _check_plugin(p: Any, where: str) -> dict[str, Any]:
         raise ValueError(f"{where}: plugin entry is not an object")
     t = p.get("type")
     if not isinstance(t, str) or not t or "/" in t or t in (".", ".."):
-        raise ValueError(f"{where}: plugin 'type' must be a plain binary name, got {t!r}")
+        raise ValueError(f"{where}: plugin 'type' must be a plain binary name")
     caps = p.get("capabilities", {})
     if not isinstance(caps, dict):
         raise ValueError(f"{where}: 'capabilities' must be an object")
@@ -78,7 +79,7 @@ def from_json(data: Any, source: str, single: bool = False) -> NetworkConfig:
         raise ValueError("top level is not a JSON object")
     name = data.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(f"network 'name' missing or invalid: {name!r}")
+        raise ValueError("network 'name' missing or invalid")
     version = data.get("cniVersion", _IMPLICIT_VERSION)
     if not isinstance(version, str):
         raise ValueError("'cniVersion' must be a string")
@@ -98,7 +99,10 @@ def from_json(data: Any, source: str, single: bool = False) -> NetworkConfig:
 def load_file(path: Path) -> NetworkConfig:
     """Parse one file; `.conflist` is a list, `.conf`/`.json` a single plugin unless it has
     a `plugins` key (libcni accepts a list under `.json` too)."""
-    data = json.loads(path.read_bytes())
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError: named, never quoted
+        raise ValueError(parsefail.invalid("JSON", e)) from None
     single = path.suffix != ".conflist" and not (isinstance(data, dict) and "plugins" in data)
     return from_json(data, str(path), single=single)
 

@@ -51,8 +51,8 @@ def test_every_version_in_use_loads(version: str) -> None:
 
 
 @pytest.mark.parametrize(("version", "why"), [
-    ("1.1.0", "not supported"), ("0.2.0", "not supported"), ("latest", "not a version"),
-    (6, "not a version")])
+    ("1.1.0", "not supported"), ("0.2.0", "not supported"), ("latest", "expected a version"),
+    (6, "expected a version")])
 def test_unknown_versions_are_refused(version: Any, why: str) -> None:
     with pytest.raises(SpecError, match=why):
         parse_spec(doc(version))
@@ -94,22 +94,25 @@ def test_version_gated_names_and_annotations() -> None:
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda d: d.update(extra=1), "spec: unknown field 'extra'"),
+    (lambda d: d.update(extra=1), r"spec: unknown field \(its field 4; known: cdiVersion, kind"),
     (lambda d: d.update(devices=[]), "at least one device"),
-    (lambda d: d.update(kind="nokind"), "is not vendor/class"),
-    (lambda d: d["devices"].append(d["devices"][0]), "'a' is defined twice"),
-    (lambda d: d["devices"][0].update(name="a/b"), "device name 'a/b'"),
-    (lambda d: d["devices"][0]["containerEdits"].update(env=["NOEQUALS"]), "not NAME=value"),
+    (lambda d: d.update(kind="nokind"), "kind: expected vendor/class"),
+    (lambda d: d["devices"].append(d["devices"][0]),
+     r"devices\[1\]\.name: defined before, by devices\[0\]"),
+    (lambda d: d["devices"][0].update(name="a/b"),
+     r"devices\[0\]\.name: expected a device name starting"),
+    (lambda d: d["devices"][0]["containerEdits"].update(env=["NOEQUALS"]), "expected NAME=value"),
     (lambda d: d["devices"][0]["containerEdits"].update(netDevices=[]),
-     "unknown field 'netDevices'"),
+     "containerEdits: unknown field"),
     (lambda d: d["devices"][0]["containerEdits"].update(
-        deviceNodes=[{"path": "dev/x"}]), "is not an absolute path"),
+        deviceNodes=[{"path": "dev/x"}]), "path: expected an absolute path"),
     (lambda d: d["devices"][0]["containerEdits"].update(
-        deviceNodes=[{"path": "/dev/x", "permissions": "rwx"}]), "not within 'rwm'"),
+        deviceNodes=[{"path": "/dev/x", "permissions": "rwx"}]), "expected letters of 'rwm'"),
     (lambda d: d["devices"][0]["containerEdits"].update(
-        deviceNodes=[{"path": "/dev/x", "type": "z"}]), "'z' is not one of"),
+        deviceNodes=[{"path": "/dev/x", "type": "z"}]), "type: expected one of b, c, u, p"),
     (lambda d: d["devices"][0]["containerEdits"].update(
-        hooks=[{"hookName": "prestop", "path": "/bin/true"}]), "'prestop' is not one of"),
+        hooks=[{"hookName": "prestop", "path": "/bin/true"}]),
+     "hookName: expected one of prestart,"),
     (lambda d: d["devices"][0]["containerEdits"].update(
         hooks=[{"hookName": "poststop", "path": "/bin/true", "timeout": 0}]), "timeout"),
     (lambda d: d["devices"][0]["containerEdits"].update(
@@ -282,3 +285,19 @@ def test_resolves_from_many_threads(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_a_link_to_a_secret_file_is_named_never_quoted(tmp_path: Path) -> None:
+    """Issue 22, defect 7: a spec dir entry linking to /etc/shadow put its first line
+    into the client's error (YAML read `root:<hash>:...:` as an unknown field)."""
+    secret = tmp_path / "shadow"
+    secret.write_text("root:$y$j9T$s3cr3tHash:20228:0:99999:7:::\n"
+                      "daemon:*:20228:0:99999:7:::\n")
+    d = tmp_path / "cdi"
+    d.mkdir()
+    for name in ("evil.yaml", "evil.json"):
+        (d / name).symlink_to(secret)
+    with pytest.raises(InvalidArgument) as e:
+        registry(d).resolve(["example.com/dev=a"])
+    assert "s3cr3t" not in str(e.value) and "root:" not in str(e.value), str(e.value)
+    assert f"{d}/evil.yaml: " in str(e.value) and f"{d}/evil.json: " in str(e.value)

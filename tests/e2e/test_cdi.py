@@ -119,12 +119,30 @@ def test_unknown_device_and_malformed_spec_create_nothing(cdi_node: Node) -> Non
     assert_refused(node, sid, pod, "unknown CDI device pycri.test/null=nope",
                    CDI_devices=[pb.CDIDevice(name="pycri.test/null=nope")])
     assert_refused(node, sid, pod, f"invalid spec file {node.tmp / 'etc-cdi' / 'bad.json'}: "
-                   "devices[0].containerEdits.deviceNodes[0].type: 'z' is not one of",
+                   "devices[0].containerEdits.deviceNodes[0].type: expected one of b, c",
                    annotations={"cdi.k8s.io/x": "pycri.test/bad=null"})
     assert_refused(node, sid, pod, "CDI device 'null' is not vendor.com/class=name",
                    CDI_devices=[pb.CDIDevice(name="null")])
     # The name was never taken, and the good device of the same dir still works.
     node.create(sid, pod, "refused", SLEEP, CDI_devices=[pb.CDIDevice(name="pycri.test/null=null")])
+
+
+def test_a_spec_linked_to_etc_shadow_is_named_never_quoted(cdi_node: Node) -> None:
+    """Issue 22, defect 7: the client's error named the link and quoted the first line
+    of /etc/shadow (YAML read it as an unknown field); now it names the file only."""
+    node = cdi_node
+    for name in ("shadow.yaml", "shadow.json"):
+        (node.tmp / "run-cdi" / name).symlink_to("/etc/shadow")
+    users = [line.split(":", 1)[0] + ":" for line in Path("/etc/shadow").read_text(
+        ).splitlines() if line]  # each line starts so; none may show
+    sid, pod = node.run_pod("cdi-shadow")
+    with pytest.raises(grpc.RpcError) as e:
+        node.create(sid, pod, "refused", SLEEP, CDI_devices=[pb.CDIDevice(name="a.b/c=d")])
+    details = e.value.details() or ""
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"{node.tmp / 'run-cdi' / 'shadow.yaml'}: " in details, details
+    assert f"{node.tmp / 'run-cdi' / 'shadow.json'}: " in details, details
+    assert not [u for u in users if u in details], details
 
 
 def test_an_edited_spec_takes_effect_on_the_next_create(cdi_node: Node) -> None:
