@@ -1,8 +1,7 @@
-"""IDs and names: 64-hex IDs, unique-prefix lookup, and name reservation.
+"""IDs and selectors: 64-hex IDs, unique-prefix lookup, label selectors.
 
-The kubelet addresses pods and containers by ID, crictl by any unique prefix;
-and a second RunPodSandbox/CreateContainer for the same metadata must be
-refused while the first object exists ("name reserved").
+The kubelet addresses pods and containers by ID, crictl by any unique prefix
+(store/records.py holds the records and the names they reserve).
 """
 
 from __future__ import annotations
@@ -10,7 +9,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Iterable
 
-from pycri.errors import AlreadyExists, InvalidArgument, NotFound
+from pycri.errors import InvalidArgument, NotFound
 
 
 def new_id() -> str:
@@ -29,25 +28,6 @@ def resolve_prefix(prefix: str, ids: Iterable[str], what: str) -> str:
     if not matches:
         raise NotFound(f"{what} {prefix!r} not found")
     raise InvalidArgument(f"{what} ID prefix {prefix!r} is ambiguous ({len(matches)} matches)")
-
-
-class NameRegistry:
-    """Maps a reserved name to the ID holding it."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self._names: dict[str, str] = {}
-
-    def reserve(self, name: str, rid: str) -> None:
-        holder = self._names.get(name)
-        if holder is not None and holder != rid:
-            raise AlreadyExists(f"{self.what} name {name!r} is reserved for {holder}")
-        self._names[name] = rid
-
-    def release(self, name: str, rid: str) -> None:
-        """Release only if `rid` holds it (a late release never frees another's name)."""
-        if self._names.get(name) == rid:
-            del self._names[name]
 
 
 def matches_labels(labels: dict[str, str], selector: dict[str, str]) -> bool:

@@ -118,7 +118,7 @@ class Records:
         sb = Sandbox(id=secrets.token_hex(32), config=cfg, handler="runc", runtime_handler="",
                      created_at=time.time_ns(), state=pb.SANDBOX_READY, infra_pid=pid,
                      cgroup_parent=parent)
-        self.sandboxes.sandboxes[sb.id] = sb
+        self.sandboxes.sandboxes.put(sb)
         return sb
 
     def container(self, sb: Sandbox, cgroup: str, state: int, pid: int = 0) -> Container:
@@ -129,7 +129,7 @@ class Records:
                       created_at=time.time_ns(), log_path="", state=state, pid=pid,
                       started_at=time.time_ns(), cgroups_path=f"/{cgroup}",
                       resources={"memory_limit_in_bytes": str(64 * MiB)})
-        self.containers._keep(c)  # as a create records it: by id and in its pod's index
+        self.containers.containers.put(c)  # as a create records it: by id and by pod
         return c
 
     def writable_layer(self, c: Container, size: int) -> int:
@@ -272,8 +272,8 @@ async def test_cpu_rate_memory_goes_with_the_record(
     _spun_past(cg, first.usage.cpu_ns)
     second = await records.collector.container(c.id)
     assert second.nano_cores > 0
-    del records.containers.containers[c.id]  # removed: the next sample forgets its rate
+    records.containers.containers.drop(c)  # removed: the next sample forgets its rate
     assert await records.collector.list_containers(None) == []
-    records.containers.containers[c.id] = c
+    records.containers.containers.put(c)
     _spun_past(cg, second.usage.cpu_ns)  # a remembered sample would now give a rate
     assert (await records.collector.container(c.id)).nano_cores == 0

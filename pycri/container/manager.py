@@ -18,7 +18,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -47,7 +47,7 @@ from pycri.launcher import Launcher
 from pycri.monitor.cgroupkill import kill_leftovers
 from pycri.monitor.execsync import ExecResult, exec_sync, sweep_orphans
 from pycri.monitor.probe import Fact, Probe, identity_of
-from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
+from pycri.names import matches_labels, new_id
 from pycri.nri import adjust, convert
 from pycri.nri.adaptation import Adaptation
 from pycri.nri.api import api_pb2 as nri_api
@@ -58,6 +58,7 @@ from pycri.recovery import probed
 from pycri.sandbox.manager import SandboxManager
 from pycri.store import Store
 from pycri.store.container import KIND, Container
+from pycri.store.records import Records
 from pycri.store.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -131,12 +132,7 @@ class ContainerManager:
         self.sandboxes = sandboxes
         self.images = images
         self.nri: Adaptation = sandboxes.nri
-        self.containers: dict[str, Container] = {}
-        # The same records by pod: PodSandboxStatus reads a pod's containers every
-        # second for every pod, which must not cost a walk over the node's containers.
-        self._of_pod: dict[str, dict[str, Container]] = {}
-        self.names = NameRegistry("container")
-        self._locks: dict[str, asyncio.Lock] = {}
+        self.containers: Records[Container] = Records("container", lambda c: c.sandbox_id)
         self.log_root = Path(cfg.state) / "logs"
         self.rro_root = mounts.staging_area(cfg.state)
         self._starting: set[str] = set()  # StartContainer in flight
@@ -150,54 +146,28 @@ class ContainerManager:
     # -- lookup ------------------------------------------------------------------
 
     def get(self, cid: str) -> Container:
-        c = self.containers.get(cid)
-        if c is None:
-            c = self.containers[resolve_prefix(cid, self.containers, "container")]
-        return c
+        return self.containers.lookup(cid)
 
     def find(self, cid: str) -> Container | None:
-        try:
-            return self.get(cid)
-        except NotFound:
-            return None
+        return self.containers.find(cid)
 
     def lock(self, cid: str) -> asyncio.Lock:
-        return self._locks.setdefault(cid, asyncio.Lock())
-
-    @contextlib.asynccontextmanager
-    async def _held(self, cid: str) -> AsyncIterator[Container | None]:
-        """The container under its lock, looked up again once the lock is held: a caller
-        that waited for it may find it removed (None) by the caller before it, and must
-        not act, or publish an event, for a stale copy."""
-        c = self.find(cid)
-        if c is None:
-            yield None
-            return
-        async with self.lock(c.id):
-            yield self.containers.get(c.id)
+        return self.containers.lock(cid)
 
     def _save(self, c: Container) -> None:
         c.revision += 1
         self.store.put(KIND, c.id, c.to_record())
-        self._keep(c)
-
-    def _keep(self, c: Container) -> None:
-        self.containers[c.id] = c
-        self._of_pod.setdefault(c.sandbox_id, {})[c.id] = c
+        self.containers.put(c)
 
     def _publish(self, c: Container, kind: int) -> None:
         self.events.publish(Event(c.id, c.sandbox_id, kind, time.time_ns()))
 
     def _forget(self, c: Container) -> None:
         self.store.delete(KIND, c.id)
-        self.containers.pop(c.id, None)
-        pod = self._of_pod.get(c.sandbox_id, {})
-        pod.pop(c.id, None)
-        if not pod:
-            self._of_pod.pop(c.sandbox_id, None)
+        self.containers.drop(c)
 
     def of_sandbox(self, sandbox_id: str) -> list[Container]:
-        return list(self._of_pod.get(sandbox_id, {}).values())
+        return self.containers.of_pod(sandbox_id)
 
     def known_of_sandbox(self, sandbox_id: str) -> list[Container]:
         """The pod's containers whose state is known: what its status, events and stats
@@ -239,9 +209,9 @@ class ContainerManager:
             mount_image_ids=volume_ids,
         )
         key = c.name_key(sb.config)
-        self.names.reserve(key, cid)
+        self.containers.reserve(key, cid)
         try:
-            async with self.lock(cid), AsyncExitStack() as undo:
+            async with self.containers.lock(cid), AsyncExitStack() as undo:
                 self._save(c)
                 undo.callback(self._forget, c)
                 doc = await self._build(c, sb, image.config, undo, restore)
@@ -249,8 +219,8 @@ class ContainerManager:
                 self._save(c)
                 undo.pop_all()
         except BaseException:
-            self.names.release(key, cid)
-            self._locks.pop(cid, None)
+            self.containers.release(key, cid)
+            self.containers.unlock(cid)
             raise
         await self.nri.post_create_container(c, doc)
         self._publish(c, events.CREATED)
@@ -511,7 +481,7 @@ class ContainerManager:
     # -- start / stop / remove -------------------------------------------------------
 
     async def start(self, cid: str) -> None:
-        async with self._held(cid) as c:
+        async with self.containers.held(cid) as c:
             if c is None:
                 raise NotFound(f"container {cid!r} not found")
             if c.state != pb.CONTAINER_CREATED:
@@ -561,7 +531,7 @@ class ContainerManager:
 
     async def stop(self, cid: str, timeout: int) -> None:
         """Stop signal, then SIGKILL after `timeout` seconds; gone or exited is success."""
-        async with self._held(cid) as c:
+        async with self.containers.held(cid) as c:
             if c is not None:
                 await self._stop_locked(c, timeout)
 
@@ -593,11 +563,11 @@ class ContainerManager:
             raise PycriError(f"container {c.id} did not exit after SIGKILL")
 
     async def remove(self, cid: str) -> None:
-        async with self._held(cid) as c:
+        async with self.containers.held(cid) as c:
             if c is None:
                 return
             await self._remove_locked(c)
-        self._locks.pop(c.id, None)
+        self.containers.unlock(c.id)
 
     async def _remove_locked(self, c: Container) -> None:
         if (reaping := self._reaping.get(c.id)) is not None:
@@ -622,7 +592,7 @@ class ContainerManager:
         self._publish(c, events.DELETED)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
         if sb is not None:
-            self.names.release(c.name_key(sb.config), c.id)
+            self.containers.release(c.name_key(sb.config), c.id)
         log.info("container %s removed", c.id)
 
     async def stop_all(self, sandbox_id: str) -> None:
@@ -719,7 +689,7 @@ class ContainerManager:
         """Update to `change(recorded resources)`, computed under the container's lock,
         so changes made at once (NRI plugins' updates) compose instead of one undoing
         another."""
-        async with self._held(cid) as c:
+        async with self.containers.held(cid) as c:
             if c is None:
                 raise NotFound(f"container {cid!r} not found")
             if c.state not in RUNNING_STATES:
@@ -767,7 +737,7 @@ class ContainerManager:
         if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
             log.info("cleared %d exec session(s) a crash left behind", n)
         for c in self.store.load(KIND, self._load):
-            self._keep(c)
+            self.containers.put(c)
         self.unchecked = {c.id for c in self.containers.values()
                           if c.state != pb.CONTAINER_UNKNOWN}
         return {c.id for c in self.containers.values() if c.state in RUNNING_STATES}
@@ -776,7 +746,7 @@ class ContainerManager:
         c = Container.from_record(cid, rec)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
         if sb is not None:
-            self.names.reserve(c.name_key(sb.config), cid)
+            self.containers.reserve(c.name_key(sb.config), cid)
         return c
 
     async def recheck(self, runtime_calls: asyncio.Semaphore) -> None:
@@ -834,7 +804,7 @@ class ContainerManager:
             return
         finally:
             self.unchecked.discard(c.id)
-        async with self._held(c.id) as cur:
+        async with self.containers.held(c.id) as cur:
             if cur is None or cur.revision != revision:
                 return  # an RPC or an exit changed it meanwhile: that is newer knowledge
             if state is None:
@@ -856,7 +826,7 @@ class ContainerManager:
     async def _thaw(self, cid: str, runtime_calls: asyncio.Semaphore) -> None:
         """Thaw a container a checkpoint froze when pycri was killed during it."""
         try:
-            async with runtime_calls, self._held(cid) as c:
+            async with runtime_calls, self.containers.held(cid) as c:
                 if c is not None:
                     await self.launcher.thaw(cid, c.handler)
                     log.info("container %s: thawed, left frozen by a checkpoint a crash "
@@ -876,7 +846,7 @@ class ContainerManager:
         for c in [c for c in self.containers.values() if c.state == pb.CONTAINER_UNKNOWN]:
             log.info("removing container %s left half-created by a crash", c.id)
             try:
-                async with self._held(c.id) as cur:
+                async with self.containers.held(c.id) as cur:
                     if cur is not None:
                         await self._remove_locked(cur)
             except Exception as e:  # e.g. its runtime handler left the config

@@ -18,7 +18,6 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any, Protocol
@@ -34,7 +33,7 @@ from pycri.image.manager import ImageManager
 from pycri.image.snapshots import Idmap
 from pycri.launcher import Launcher
 from pycri.monitor.probe import Fact, Probe, identity_of
-from pycri.names import NameRegistry, matches_labels, new_id, resolve_prefix
+from pycri.names import matches_labels, new_id
 from pycri.network import (
     DNS,
     Bandwidth,
@@ -53,6 +52,7 @@ from pycri.oci.users import ResolvedUser
 from pycri.recovery import probed
 from pycri.sandbox import podcgroup, podfiles
 from pycri.store import Store
+from pycri.store.records import Records
 from pycri.store.sandbox import KIND, Sandbox, name_key
 from pycri.together import all_settled, in_thread, sparing
 
@@ -118,11 +118,9 @@ class SandboxManager:
         self.images = images
         self.nri = nri
         self.containers: PodContainers | None = None
-        self.sandboxes: dict[str, Sandbox] = {}
+        self.sandboxes: Records[Sandbox] = Records("pod sandbox")
         # RunPodSandbox in flight: not listed until READY (nor while NRI plugins see it).
         self._running: set[str] = set()
-        self.names = NameRegistry("pod sandbox")
-        self._locks: dict[str, asyncio.Lock] = {}
         self.pod_root = Path(cfg.root) / "sandboxes"
         self.state_root = Path(cfg.state) / "sandboxes"
         self.min_oom_score_adj = own_oom_score_adj() if cfg.restrict_oom_score_adj else -1000
@@ -136,31 +134,10 @@ class SandboxManager:
 
     def get(self, sid: str) -> Sandbox:
         """By full ID or unique prefix; NotFound otherwise."""
-        sb = self.sandboxes.get(sid)
-        if sb is None:
-            sb = self.sandboxes[resolve_prefix(sid, self.sandboxes, "pod sandbox")]
-        return sb
+        return self.sandboxes.lookup(sid)
 
     def find(self, sid: str) -> Sandbox | None:
-        try:
-            return self.get(sid)
-        except NotFound:
-            return None
-
-    def lock(self, sid: str) -> asyncio.Lock:
-        return self._locks.setdefault(sid, asyncio.Lock())
-
-    @contextlib.asynccontextmanager
-    async def _held(self, sid: str) -> AsyncIterator[Sandbox | None]:
-        """The sandbox under its lock, looked up again once the lock is held: a caller
-        that waited for it may find it removed (None) by the caller before it, and must
-        not run the removal, or publish its events, again on a stale copy."""
-        sb = self.find(sid)
-        if sb is None:
-            yield None
-            return
-        async with self.lock(sb.id):
-            yield self.sandboxes.get(sb.id)
+        return self.sandboxes.find(sid)
 
     def pod_dir(self, sid: str) -> Path:
         return self.pod_root / sid
@@ -205,7 +182,7 @@ class SandboxManager:
     def _save(self, sb: Sandbox) -> None:
         sb.revision += 1
         self.store.put(KIND, sb.id, sb.to_record())
-        self.sandboxes[sb.id] = sb
+        self.sandboxes.put(sb)
 
     # -- run ---------------------------------------------------------------------
 
@@ -215,7 +192,7 @@ class SandboxManager:
         # Before the name is reserved: a refusal must leave it free for a retry.
         self._check_userns_support(config, runtime_handler)
         sid = new_id()
-        self.names.reserve(name_key(md), sid)
+        self.sandboxes.reserve(name_key(md), sid)
         sb = Sandbox(
             id=sid,
             config=config,
@@ -226,7 +203,7 @@ class SandboxManager:
         )
         self._running.add(sid)
         try:
-            async with self.lock(sid), AsyncExitStack() as undo:
+            async with self.sandboxes.lock(sid), AsyncExitStack() as undo:
                 # Written first, so a crash half-way leaves a NOTREADY pod that
                 # StopPodSandbox/RemovePodSandbox can still clean up.
                 self._save(sb)
@@ -239,8 +216,8 @@ class SandboxManager:
                 self._save(sb)
                 undo.pop_all()
         except BaseException:
-            self.names.release(name_key(md), sid)
-            self._locks.pop(sid, None)
+            self.sandboxes.release(name_key(md), sid)
+            self.sandboxes.unlock(sid)
             raise
         finally:
             self._running.discard(sid)
@@ -255,7 +232,7 @@ class SandboxManager:
 
     def _forget(self, sb: Sandbox) -> None:
         self.store.delete(KIND, sb.id)
-        self.sandboxes.pop(sb.id, None)
+        self.sandboxes.drop(sb)
 
     async def _setup(self, sb: Sandbox, undo: AsyncExitStack) -> None:
         config = sb.config
@@ -447,7 +424,7 @@ class SandboxManager:
 
     async def stop(self, sid: str) -> None:
         """Stop containers and infra, tear the network down. Unknown IDs succeed."""
-        async with self._held(sid) as sb:
+        async with self.sandboxes.held(sid) as sb:
             if sb is not None:
                 await self._stop_locked(sb)
 
@@ -489,7 +466,7 @@ class SandboxManager:
 
     async def remove(self, sid: str) -> None:
         """Stop if needed, then remove containers, infra, files and the record."""
-        async with self._held(sid) as sb:
+        async with self.sandboxes.held(sid) as sb:
             if sb is None:
                 return
             await self._stop_locked(sb)
@@ -506,9 +483,9 @@ class SandboxManager:
             shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
             self._forget(sb)
-            self.names.release(sb.name, sb.id)
+            self.sandboxes.release(sb.name, sb.id)
             self._publish(sb, events.DELETED)
-        self._locks.pop(sb.id, None)
+        self.sandboxes.unlock(sb.id)
         log.info("pod sandbox %s removed", sb.id)
 
     # -- pod resize -------------------------------------------------------------------
@@ -524,7 +501,7 @@ class SandboxManager:
         to resize, and a pod that started without a pod cgroup has its containers in
         none to bound. A limit the kernel refuses leaves the old ones, and the record,
         as they were."""
-        async with self._held(sid) as sb:
+        async with self.sandboxes.held(sid) as sb:
             if sb is None:
                 raise NotFound(f"pod sandbox {sid!r} not found")
             async with step("NRI UpdatePodSandbox"):
@@ -618,7 +595,7 @@ class SandboxManager:
         """Reload the records, before the socket serves (no process, no runtime call);
         `recheck` then confirms that the READY ones still are. Returns their IDs."""
         for sb in self.store.load(KIND, self._load):
-            self.sandboxes[sb.id] = sb
+            self.sandboxes.put(sb)
         self.unchecked = set(self.sandboxes)
         return {sb.id for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY}
 
@@ -690,7 +667,7 @@ class SandboxManager:
 
     def _load(self, sid: str, rec: dict[str, Any]) -> Sandbox:
         sb = Sandbox.from_record(sid, rec)
-        self.names.reserve(sb.name, sid)
+        self.sandboxes.reserve(sb.name, sid)
         return sb
 
     async def _release_orphan_leases(self) -> None:
