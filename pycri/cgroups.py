@@ -215,9 +215,10 @@ def parse_io_stat(text: str) -> tuple[list[IoEntry], list[IoEntry]]:
 class Cgroup:
     """One cgroup as this host lays it out, read on demand.
 
-    Each fact below knows its v1 and its v2 file. A fact is read when first asked and
-    kept, so one Cgroup is one sample: the stats open only the files they use, the
-    metrics no file twice. A cgroup that is gone reads as zeros (None or empty where a
+    Each fact below knows its v1 and its v2 file, read when the fact is asked; a file
+    several facts share (memory.stat, cpu.stat, memory.events) and a fact others
+    derive from are kept, so one Cgroup is one sample: the stats open only the files
+    they use, the metrics no file twice. A cgroup that is gone reads as zeros (None or empty where a
     fact is optional). Blocking file I/O: use it in a worker thread.
     """
 
