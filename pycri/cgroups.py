@@ -218,8 +218,8 @@ class Cgroup:
     Each fact below knows its v1 and its v2 file, read when the fact is asked; a file
     several facts share (memory.stat, cpu.stat, memory.events) and a fact others
     derive from are kept, so one Cgroup is one sample: the stats open only the files
-    they use, the metrics no file twice. A cgroup that is gone reads as zeros (None or empty where a
-    fact is optional). Blocking file I/O: use it in a worker thread.
+    they use, the metrics no file twice. A cgroup that is gone reads as zeros (None or
+    empty where a fact is optional). Blocking file I/O: use it in a worker thread.
     """
 
     def __init__(self, rel: str, root: Path | str = CGROUP_ROOT) -> None:

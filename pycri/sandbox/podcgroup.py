@@ -69,8 +69,9 @@ def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
     limit `limits` leaves unset."""
     cpu, memory = limits.get("cpu", {}), limits.get("memory", {})
     files: dict[Path, str] = {}
-    if is_v2(root):
-        d = root / rel
+    cg = Cgroup(rel, root)
+    if cg.v2:
+        d = Path(cg.unified)
         if reset:
             files.update((d / name, value) for name, value in _UNSET_V2.items())
         if "shares" in cpu:
@@ -82,7 +83,7 @@ def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
         # Controller files the gate let through (memory.oom.group, ...); v1 has none.
         files.update((d / name, value) for name, value in limits.get("unified", {}).items())
         return list(files.items())
-    c, m = root / "cpu" / rel, root / "memory" / rel
+    c, m = Path(cg.dir("cpu")), Path(cg.dir("memory"))
     if reset:
         files.update((c / name, value) for name, value in _UNSET_V1.items() if "cpu" in name)
         files[m / "memory.limit_in_bytes"] = _UNSET_V1["memory.limit_in_bytes"]
