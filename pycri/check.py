@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from pycri import cgroups
 from pycri.checkpoint.support import Probe, probe_criu, probe_runtime
 from pycri.config import CheckpointConfig, Config
 from pycri.oci import mounts, userns
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
 MIN_FREE_BYTES = 2 * 1024**3
 DEBIAN_CNI_DIR = "/usr/lib/cni"  # where containernetworking-plugins installs them
@@ -74,27 +74,10 @@ def _binaries(cfg: Config) -> Iterator[Check]:
                   defaults.infra_binary, optional=bool(cfg.pause_image))
 
 
-def cgroup_mode(root: Path = CGROUP_ROOT) -> str:
-    """'v2' (unified), 'hybrid' (v1 controllers + a v2 mount) or 'v1'."""
-    if (root / "cgroup.controllers").exists():
-        return "v2"
-    if (root / "unified" / "cgroup.controllers").exists():
-        return "hybrid"
-    return "v1"
-
-
-def v2_controllers(root: Path = CGROUP_ROOT) -> list[str]:
-    """Controllers bound to the v2 hierarchy (on a hybrid host, the 'unified' mount)."""
-    for f in (root / "cgroup.controllers", root / "unified" / "cgroup.controllers"):
-        if f.exists():
-            return f.read_text().split()
-    return []
-
-
 def _cgroups(cfg: Config) -> Iterator[Check]:
-    mode = cgroup_mode()
+    mode = cgroups.mode()
     yield Check("cgroups", True, f"mode {mode}")
-    if mode != "hybrid" or "hugetlb" not in v2_controllers():
+    if mode != "hybrid" or "hugetlb" not in cgroups.v2_controllers():
         return
     for name, h in sorted(cfg.runtimes.items()):
         if Path(h.path).name == "crun":

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pycri.stats.cgroups import CGROUP_ROOT, relative_dir, unified_dir
+from pycri.cgroups import CGROUP_ROOT, Cgroup, read_pids, relative_dir
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +44,12 @@ def kill_leftovers(
             "not killing leftovers of %s: cgroup path %r is not its own", owner, cgroups_path
         )
         return 0
-    dirs = _hierarchy_dirs(root, rel)
+    cg = Cgroup(rel, root)
+    dirs = [d for d in cg.dirs() if (d / "cgroup.procs").is_file()]
     left = _procs(dirs)
     if not left:
         return 0
-    unified = unified_dir(root, rel)
+    unified = Path(cg.unified)
     with contextlib.suppress(OSError):
         (unified / "cgroup.kill").write_text("1")
     deadline = time.monotonic() + timeout
@@ -58,7 +59,7 @@ def kill_leftovers(
                 "cgroup of %s still holds %s after %ss", owner, sorted(_procs(dirs)), timeout
             )
             break
-        with _frozen(root, rel, unified):
+        with _frozen(Path(cg.dir("freezer")), unified):
             for pid in _procs(dirs):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -67,27 +68,15 @@ def kill_leftovers(
     return len(left)
 
 
-def _hierarchy_dirs(root: Path, rel: str) -> list[Path]:
-    """The cgroup's directory in every mounted hierarchy that has it."""
-    if (root / "cgroup.controllers").exists():  # pure v2
-        candidates = [root / rel]
-    else:
-        candidates = [h / rel for h in root.iterdir() if h.is_dir() and not h.is_symlink()]
-    return [d for d in candidates if (d / "cgroup.procs").is_file()]
-
-
 def _procs(dirs: list[Path]) -> set[int]:
-    pids: set[int] = set()
-    for d in dirs:
-        with contextlib.suppress(OSError):
-            pids.update(int(p) for p in (d / "cgroup.procs").read_text().split())
-    return pids
+    """The processes of the cgroup in every hierarchy that has it."""
+    return {pid for d in dirs for pid in read_pids(f"{d}/cgroup.procs")}
 
 
 @contextlib.contextmanager
-def _frozen(root: Path, rel: str, unified: Path) -> Iterator[None]:
+def _frozen(freezer: Path, unified: Path) -> Iterator[None]:
     """Freeze the cgroup for the body (best effort: no freezer, no freeze), then thaw."""
-    v1 = root / "freezer" / rel / "freezer.state"
+    v1 = freezer / "freezer.state"
     if v1.is_file():
         knob, frozen, thawed = v1, "FROZEN", "THAWED"
     elif (unified / "cgroup.freeze").is_file():

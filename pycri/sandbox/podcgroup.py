@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pycri.stats.cgroups import CGROUP_ROOT
+from pycri.cgroups import CGROUP_ROOT, Cgroup, is_v2
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +24,6 @@ PARENT = "/pycri"  # where pycri's own cgroups go (spec.cgroups_path's default)
 
 def path_for(sandbox_id: str) -> str:
     return f"{PARENT}/pod-{sandbox_id}"
-
-
-def _v2(root: Path) -> bool:
-    return (root / "cgroup.controllers").is_file()
 
 
 def _shares_to_weight(shares: int) -> int:
@@ -39,7 +35,7 @@ def create(path: str, limits: Mapping[str, Any], root: Path = CGROUP_ROOT) -> No
     """Make the pod cgroup at `path` (from path_for) and write `limits`
     (spec.pod_limits' cpu shares/quota/period and memory limit) into it."""
     rel = path.lstrip("/")
-    if _v2(root):
+    if is_v2(root):
         _enable_controllers(root, rel)
     for f, value in _limit_files(root, rel, limits, reset=False):
         f.parent.mkdir(parents=True, exist_ok=True)
@@ -73,8 +69,9 @@ def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
     limit `limits` leaves unset."""
     cpu, memory = limits.get("cpu", {}), limits.get("memory", {})
     files: dict[Path, str] = {}
-    if _v2(root):
-        d = root / rel
+    cg = Cgroup(rel, root)
+    if cg.v2:
+        d = Path(cg.unified)
         if reset:
             files.update((d / name, value) for name, value in _UNSET_V2.items())
         if "shares" in cpu:
@@ -86,7 +83,7 @@ def _limit_files(root: Path, rel: str, limits: Mapping[str, Any], reset: bool
         # Controller files the gate let through (memory.oom.group, ...); v1 has none.
         files.update((d / name, value) for name, value in limits.get("unified", {}).items())
         return list(files.items())
-    c, m = root / "cpu" / rel, root / "memory" / rel
+    c, m = Path(cg.dir("cpu")), Path(cg.dir("memory"))
     if reset:
         files.update((c / name, value) for name, value in _UNSET_V1.items() if "cpu" in name)
         files[m / "memory.limit_in_bytes"] = _UNSET_V1["memory.limit_in_bytes"]
@@ -117,11 +114,7 @@ def remove(path: str, sandbox_id: str, root: Path = CGROUP_ROOT) -> None:
     if path != path_for(sandbox_id):
         log.warning("not removing cgroup %r: it is not pod %s's own", path, sandbox_id)
         return
-    rel = path.lstrip("/")
-    dirs = [root / rel] if _v2(root) else [
-        h / rel for h in root.iterdir() if h.is_dir() and not h.is_symlink()
-    ]
-    for d in dirs:
+    for d in Cgroup(path.lstrip("/"), root).dirs():
         try:
             d.rmdir()
         except FileNotFoundError:

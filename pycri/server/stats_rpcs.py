@@ -5,10 +5,11 @@ from __future__ import annotations
 import grpc
 
 from pycri.api import api_pb2 as pb
+from pycri.cgroups import Pressure
 from pycri.server.errors import rpc
 from pycri.server.streamed import streamed_list
-from pycri.stats.cgroups import Pressure, Usage
 from pycri.stats.collector import ContainerUsage, PodUsage, StatsCollector
+from pycri.stats.usage import Usage
 
 Ctx = grpc.aio.ServicerContext
 

@@ -1,2 +1,3 @@
-"""Stats: the collector above the sandbox and container managers, and the pure
-readers of cgroups, network counters and cAdvisor-named metrics it reads through."""
+"""Stats: the collector above the sandbox and container managers, and what it reads
+through: usage samples and cAdvisor-named metrics made from the cgroup reader's facts
+(pycri/cgroups.py), and network counters."""

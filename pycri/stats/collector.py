@@ -1,10 +1,11 @@
 """Stats collection, the one place above the sandbox and container managers.
 
 The managers hold lifecycle only. The collector picks their records on the event loop,
-reads cgroups, /proc and writable layers through the pure readers (cgroups, netdev,
-metrics) in one worker thread per call, so a container with a million files cannot
-stall every other RPC, and keeps the memory a CPU rate needs (each container's previous
-sample), touched on the event loop alone. The stats and metrics servicers call it.
+reads cgroups (through pycri/cgroups.py), /proc and writable layers with the readers
+here (usage, netdev, metrics) in one worker thread per call, so a container with a
+million files cannot stall every other RPC, and keeps the memory a CPU rate needs (each
+container's previous sample), touched on the event loop alone. The stats and metrics
+servicers call it.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pycri.api import api_pb2 as pb
+from pycri.cgroups import CGROUP_ROOT, Pressure, relative_dir
 from pycri.container.manager import RUNNING_STATES, ContainerManager
 from pycri.errors import InvalidArgument, NotFound
 from pycri.oci import spec
 from pycri.sandbox.manager import SandboxManager
 from pycri.stats import metrics, netdev
-from pycri.stats.cgroups import CGROUP_ROOT, Pressure, Usage, read_pod, read_usage, relative_dir
-from pycri.stats.cgroups import add as add_usage
+from pycri.stats.usage import Usage, read_pod, read_usage
+from pycri.stats.usage import add as add_usage
 from pycri.store.container import Container
 from pycri.store.sandbox import Sandbox
 

@@ -6,7 +6,8 @@ pod, namespace, container, id, image; network metrics are pod-level (the pod
 shares one network namespace) with container and image left empty.
 CRI values are unsigned integers, so seconds are whole seconds (truncated).
 
-Values are read from the container's cgroup (v1 or v2), /proc of its processes,
+Values are read from the container's cgroup (through pycri/cgroups.py, which knows
+v1 and v2), /proc of its processes,
 the writable layer and the filesystem holding it, and the infra process's
 /proc/<pid>/net/dev. The parsers are pure functions on file contents.
 """
@@ -17,19 +18,12 @@ import contextlib
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pycri.cgroups import CGROUP_ROOT, Cgroup, IoEntry, read_text
 from pycri.stats import netdev
-from pycri.stats.cgroups import (
-    CGROUP_ROOT,
-    Pressure,
-    read_pressure,
-    read_text,
-    relative_dir,
-    unified_dir,
-)
 from pycri.store.container import Container
 from pycri.store.sandbox import Sandbox
 
@@ -193,66 +187,6 @@ class _Emitter:
 # -- pure parsers ----------------------------------------------------------------------
 
 
-def parse_keyed(text: str) -> dict[str, int]:
-    """Flat-keyed cgroup files ("key value" per line: memory.stat, cpu.stat, ...)."""
-    out: dict[str, int] = {}
-    for line in text.splitlines():
-        key, _, value = line.strip().partition(" ")
-        with contextlib.suppress(ValueError):
-            out[key] = int(value.strip())
-    return out
-
-
-def parse_limit(text: str) -> int:
-    """A cgroup limit file; "max" (v2 unlimited) and unreadable values are 0."""
-    try:
-        return max(0, int(text.split()[0]))
-    except (ValueError, IndexError):
-        return 0
-
-
-@dataclass(frozen=True)
-class IoEntry:
-    major: int
-    minor: int
-    op: str  # Read, Write, Sync, Async, Discard, Total (cAdvisor's operation names)
-    value: int
-
-
-def parse_blkio_v1(text: str) -> list[IoEntry]:
-    """blkio.*io_service_bytes / io_serviced: "MAJ:MIN Op N" lines; the bare "Total" dropped."""
-    out = []
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) != 3 or ":" not in fields[0]:
-            continue
-        major, _, minor = fields[0].partition(":")
-        out.append(IoEntry(int(major), int(minor), fields[1], int(fields[2])))
-    return out
-
-
-_V2_IO = {"rbytes": ("Read", True), "wbytes": ("Write", True), "dbytes": ("Discard", True),
-          "rios": ("Read", False), "wios": ("Write", False), "dios": ("Discard", False)}
-
-
-def parse_io_stat(text: str) -> tuple[list[IoEntry], list[IoEntry]]:
-    """v2 io.stat ("MAJ:MIN rbytes=.. wbytes=.. rios=.. ..."): (bytes, operations)."""
-    nbytes: list[IoEntry] = []
-    ops: list[IoEntry] = []
-    for line in text.splitlines():
-        dev, *pairs = line.split()
-        if ":" not in dev:
-            continue
-        major, _, minor = dev.partition(":")
-        for pair in pairs:
-            key, _, value = pair.partition("=")
-            if key in _V2_IO and value.isdigit():
-                op, is_bytes = _V2_IO[key]
-                (nbytes if is_bytes else ops).append(
-                    IoEntry(int(major), int(minor), op, int(value)))
-    return nbytes, ops
-
-
 def parse_soft_nofile(limits: str) -> int | None:
     """Soft "Max open files" from /proc/<pid>/limits (what cAdvisor reports)."""
     for line in limits.splitlines():
@@ -272,121 +206,6 @@ def mount_source(mountinfo: str, major: int, minor: int) -> str:
             if len(after) >= 2:
                 return after[1]
     return dev
-
-
-# -- reading a cgroup ------------------------------------------------------------------
-
-
-@dataclass
-class CgroupReading:
-    """What one cgroup accounts, in the units the kernel uses (ns, bytes, counts)."""
-
-    cpu_ns: int = 0
-    user_ns: int = 0
-    system_ns: int = 0
-    periods: int = 0
-    throttled_periods: int = 0
-    throttled_ns: int = 0
-    memory: int = 0
-    max_memory: int = 0
-    working_set: int = 0
-    cache: int = 0
-    rss: int = 0
-    mapped_file: int = 0
-    swap: int = 0
-    kernel: int = 0
-    failcnt: int = 0
-    oom_kills: int = 0
-    faults: dict[tuple[str, str], int] = field(default_factory=dict)  # (type, scope) -> n
-    hugetlb: dict[str, tuple[int, int | None]] = field(default_factory=dict)  # size -> use, max
-    pressure: Pressure = field(default_factory=dict)
-    io_bytes: list[IoEntry] = field(default_factory=list)
-    io_ops: list[IoEntry] = field(default_factory=list)
-    procs: list[int] = field(default_factory=list)
-    threads: int = 0
-    threads_max: int = 0
-
-
-def _int(path: Path) -> int:
-    return parse_limit(read_text(path))
-
-
-def _pids(path: Path) -> list[int]:
-    return [int(p) for p in read_text(path).split() if p.isdigit()]
-
-
-def read_cgroup(cgroups_path: str, root: Path = CGROUP_ROOT) -> CgroupReading:
-    """Everything for the metrics from a container's cgroup; zeros for a cgroup that is gone."""
-    rel = relative_dir(cgroups_path)
-    if (root / "cgroup.controllers").exists():
-        return _read_v2(root / rel)
-    return _read_v1(root, rel)
-
-
-def _read_v1(root: Path, rel: str) -> CgroupReading:
-    r = CgroupReading()
-    acct, mem_dir, pids_dir = root / "cpuacct" / rel, root / "memory" / rel, root / "pids" / rel
-    r.cpu_ns = _int(acct / "cpuacct.usage")
-    ticks = parse_keyed(read_text(acct / "cpuacct.stat"))  # in USER_HZ
-    hz = os.sysconf("SC_CLK_TCK")
-    r.user_ns = ticks.get("user", 0) * NS_PER_S // hz
-    r.system_ns = ticks.get("system", 0) * NS_PER_S // hz
-    cpu = parse_keyed(read_text(root / "cpu" / rel / "cpu.stat"))
-    r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
-    r.throttled_ns = cpu.get("throttled_time", 0)
-    stat = parse_keyed(read_text(mem_dir / "memory.stat"))
-    r.memory = _int(mem_dir / "memory.usage_in_bytes")
-    r.max_memory = _int(mem_dir / "memory.max_usage_in_bytes")
-    r.working_set = max(0, r.memory - stat.get("total_inactive_file", 0))
-    r.cache, r.rss = stat.get("total_cache", 0), stat.get("total_rss", 0)
-    r.mapped_file, r.swap = stat.get("total_mapped_file", 0), stat.get("total_swap", 0)
-    r.kernel = _int(mem_dir / "memory.kmem.usage_in_bytes")
-    r.failcnt = _int(mem_dir / "memory.failcnt")
-    r.oom_kills = parse_keyed(read_text(mem_dir / "memory.oom_control")).get("oom_kill", 0)
-    for kind in ("pgfault", "pgmajfault"):
-        r.faults[(kind, "container")] = stat.get(kind, 0)
-        r.faults[(kind, "hierarchy")] = stat.get(f"total_{kind}", 0)
-    huge = root / "hugetlb" / rel
-    for f in sorted(huge.glob("hugetlb.*.usage_in_bytes")) if huge.is_dir() else []:
-        size = f.name.split(".")[1]
-        r.hugetlb[size] = (_int(f), _int(huge / f"hugetlb.{size}.max_usage_in_bytes"))
-    blkio = root / "blkio" / rel
-    r.io_bytes = parse_blkio_v1(read_text(blkio / "blkio.throttle.io_service_bytes_recursive"))
-    r.io_ops = parse_blkio_v1(read_text(blkio / "blkio.throttle.io_serviced_recursive"))
-    r.pressure = read_pressure(unified_dir(root, rel))  # hybrid hosts: on the v2 mount
-    r.procs = _pids(pids_dir / "cgroup.procs")
-    r.threads = len(_pids(pids_dir / "tasks"))
-    r.threads_max = _int(pids_dir / "pids.max")
-    return r
-
-
-def _read_v2(d: Path) -> CgroupReading:
-    r = CgroupReading()
-    cpu = parse_keyed(read_text(d / "cpu.stat"))
-    r.cpu_ns = cpu.get("usage_usec", 0) * 1000
-    r.user_ns, r.system_ns = cpu.get("user_usec", 0) * 1000, cpu.get("system_usec", 0) * 1000
-    r.periods, r.throttled_periods = cpu.get("nr_periods", 0), cpu.get("nr_throttled", 0)
-    r.throttled_ns = cpu.get("throttled_usec", 0) * 1000
-    stat = parse_keyed(read_text(d / "memory.stat"))
-    events = parse_keyed(read_text(d / "memory.events"))
-    r.memory = _int(d / "memory.current")
-    r.max_memory = _int(d / "memory.peak")
-    r.working_set = max(0, r.memory - stat.get("inactive_file", 0))
-    r.cache, r.rss, r.mapped_file = stat.get("file", 0), stat.get("anon", 0), stat.get(
-        "file_mapped", 0)
-    r.swap = _int(d / "memory.swap.current")
-    r.kernel = stat.get("kernel", stat.get("kernel_stack", 0) + stat.get("slab", 0))
-    r.failcnt, r.oom_kills = events.get("max", 0), events.get("oom_kill", 0)
-    for kind in ("pgfault", "pgmajfault"):  # v2 counts the whole subtree only
-        r.faults[(kind, "container")] = r.faults[(kind, "hierarchy")] = stat.get(kind, 0)
-    for f in sorted(d.glob("hugetlb.*.current")):
-        r.hugetlb[f.name.split(".")[1]] = (_int(f), None)  # v2 keeps no peak
-    r.pressure = read_pressure(d)
-    r.io_bytes, r.io_ops = parse_io_stat(read_text(d / "io.stat"))
-    r.procs = _pids(d / "cgroup.procs")
-    r.threads = len(_pids(d / "cgroup.threads"))
-    r.threads_max = _int(d / "pids.max")
-    return r
 
 
 # -- /proc of the container's processes -------------------------------------------------
@@ -469,17 +288,18 @@ def _container(sb: Sandbox, c: Container, used: int, fs: Filesystem,
     now = time.time_ns()
     emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id,
                      c.config.image.image), now)
-    r = read_cgroup(c.cgroups_path, cgroup_root)
-    _emit_cpu_memory(emit, r)
-    _emit_io(emit, r)
+    cg = Cgroup.of(c.cgroups_path, cgroup_root)
+    _emit_cpu_memory(emit, cg)
+    _emit_io(emit, cg)
     emit("container_fs_usage_bytes", used, fs.device)
     emit("container_fs_limit_bytes", fs.size, fs.device)
     emit("container_fs_inodes_total", fs.inodes, fs.device)
     emit("container_fs_inodes_free", fs.inodes_free, fs.device)
-    fds, sockets = count_fds(r.procs)
-    emit("container_processes", len(r.procs))
-    emit("container_threads", r.threads)
-    emit("container_threads_max", r.threads_max)
+    procs = cg.procs
+    fds, sockets = count_fds(procs)
+    emit("container_processes", len(procs))
+    emit("container_threads", cg.threads)
+    emit("container_threads_max", cg.threads_max)
     emit("container_file_descriptors", fds)
     emit("container_sockets", sockets)
     nofile = parse_soft_nofile(read_text(Path(f"/proc/{c.pid}/limits"))) if c.pid else None
@@ -499,37 +319,37 @@ def _container(sb: Sandbox, c: Container, used: int, fs: Filesystem,
     return ContainerMetrics(c.id, emit.samples)
 
 
-def _emit_cpu_memory(emit: _Emitter, r: CgroupReading) -> None:
-    emit("container_cpu_usage_seconds_total", r.cpu_ns // NS_PER_S)
-    emit("container_cpu_user_seconds_total", r.user_ns // NS_PER_S)
-    emit("container_cpu_system_seconds_total", r.system_ns // NS_PER_S)
-    emit("container_cpu_cfs_periods_total", r.periods)
-    emit("container_cpu_cfs_throttled_periods_total", r.throttled_periods)
-    emit("container_cpu_cfs_throttled_seconds_total", r.throttled_ns // NS_PER_S)
-    emit("container_memory_usage_bytes", r.memory)
-    emit("container_memory_max_usage_bytes", r.max_memory)
-    emit("container_memory_working_set_bytes", r.working_set)
-    emit("container_memory_cache", r.cache)
-    emit("container_memory_rss", r.rss)
-    emit("container_memory_mapped_file", r.mapped_file)
-    emit("container_memory_swap", r.swap)
-    emit("container_memory_kernel_usage", r.kernel)
-    emit("container_memory_failcnt", r.failcnt)
-    emit("container_oom_events_total", r.oom_kills)
-    for (kind, scope), n in sorted(r.faults.items()):
+def _emit_cpu_memory(emit: _Emitter, cg: Cgroup) -> None:
+    emit("container_cpu_usage_seconds_total", cg.cpu_ns // NS_PER_S)
+    emit("container_cpu_user_seconds_total", cg.cpu_user_ns // NS_PER_S)
+    emit("container_cpu_system_seconds_total", cg.cpu_system_ns // NS_PER_S)
+    emit("container_cpu_cfs_periods_total", cg.cpu_periods)
+    emit("container_cpu_cfs_throttled_periods_total", cg.cpu_throttled_periods)
+    emit("container_cpu_cfs_throttled_seconds_total", cg.cpu_throttled_ns // NS_PER_S)
+    emit("container_memory_usage_bytes", cg.memory_usage)
+    emit("container_memory_max_usage_bytes", cg.memory_peak)
+    emit("container_memory_working_set_bytes", cg.working_set)
+    emit("container_memory_cache", cg.cache)
+    emit("container_memory_rss", cg.rss)
+    emit("container_memory_mapped_file", cg.mapped_file)
+    emit("container_memory_swap", cg.swap or 0)
+    emit("container_memory_kernel_usage", cg.kernel)
+    emit("container_memory_failcnt", cg.failcnt)
+    emit("container_oom_events_total", cg.oom_kills)
+    for (kind, scope), n in sorted(cg.faults.items()):
         emit("container_memory_failures_total", n, kind, scope)
-    for size, (usage, peak) in sorted(r.hugetlb.items()):
+    for size, (usage, peak) in sorted(cg.hugetlb.items()):
         emit("container_hugetlb_usage_bytes", usage, size)
         if peak is not None:
             emit("container_hugetlb_max_usage_bytes", peak, size)
-    for res, psi in sorted(r.pressure.items()):
+    for res, psi in sorted(cg.pressure.items()):
         if "full" in psi:
             emit(f"container_pressure_{res}_stalled_seconds_total", psi["full"].total_us // 10**6)
         if "some" in psi:
             emit(f"container_pressure_{res}_waiting_seconds_total", psi["some"].total_us // 10**6)
 
 
-def _emit_io(emit: _Emitter, r: CgroupReading) -> None:
+def _emit_io(emit: _Emitter, cg: Cgroup) -> None:
     """Per-device block I/O; nothing when the kernel accounted no device for the cgroup."""
     names: dict[tuple[int, int], str] = {}
 
@@ -543,11 +363,12 @@ def _emit_io(emit: _Emitter, r: CgroupReading) -> None:
               ("bytes", "Write"): "container_fs_writes_bytes_total",
               ("ops", "Read"): "container_fs_reads_total",
               ("ops", "Write"): "container_fs_writes_total"}
-    for unit, entries in (("bytes", r.io_bytes), ("ops", r.io_ops)):
+    io_bytes, io_ops = cg.io
+    for unit, entries in (("bytes", io_bytes), ("ops", io_ops)):
         for e in entries:
             metric = per_op.get((unit, e.op))
             if metric:
                 emit(metric, e.value, name(e))
-    for e in r.io_bytes:
+    for e in io_bytes:
         emit("container_blkio_device_usage_total", e.value, name(e), str(e.major), str(e.minor),
              e.op)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pycri.stats.cgroups import read_text
+from pycri.cgroups import read_text
 
 
 @dataclass(frozen=True)
