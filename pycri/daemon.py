@@ -29,7 +29,7 @@ from pathlib import Path
 
 import grpc
 
-from pycri import malloc, metrics, procs, reload
+from pycri import malloc, metrics, metrics_listener, procs, reload, statemetrics
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 from pycri.config import Config, ConfigError, NRIConfig
@@ -137,7 +137,7 @@ class Daemon:
         self.cfg = cfg
         self._loader = loader
         self._reloading = asyncio.Lock()
-        self._collector: metrics.StateCollector | None = None
+        self._collector: statemetrics.StateCollector | None = None
         self.store: Store | None = None
         self.server: grpc.aio.Server | None = None
         self.images: ImageManager | None = None
@@ -234,11 +234,11 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
-        self._collector = metrics.StateCollector(sandboxes, containers, launcher, streaming)
+        self._collector = statemetrics.StateCollector(sandboxes, containers, launcher, streaming)
         metrics.REGISTRY.register(self._collector)  # computes nothing until scraped
         if cfg.metrics_address:
             try:
-                self._stop_metrics = metrics.serve(cfg.metrics_address, cfg.metrics)
+                self._stop_metrics = metrics_listener.serve(cfg.metrics_address, cfg.metrics)
             except OSError as e:
                 raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
             log.info("metrics on http://%s/metrics", cfg.metrics_address)
@@ -476,7 +476,7 @@ class Daemon:
     async def _serve_metrics(self, address: str) -> Callable[[], None]:
         """A metrics endpoint on `address`; returns its stop. DaemonError naming the key."""
         try:
-            return await asyncio.to_thread(metrics.serve, address, self.cfg.metrics)
+            return await asyncio.to_thread(metrics_listener.serve, address, self.cfg.metrics)
         except OSError as e:
             raise DaemonError(f"metrics_address: cannot serve on {address}: {e}") from None
 

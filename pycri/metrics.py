@@ -5,9 +5,10 @@ Counters and histograms live here, in one registry, and are fed where every call
 their kind passes (the `rpc` wrapper, `OCIRuntime.run`, `run_plugin`, `PluginLink.call`,
 the image pull): one observe per call, no lock held across an await. Pods, containers, conmons and
 streaming sessions are counted only when scraped, from the daemon's in-memory records
-(`StateCollector`), so the CRI path does no bookkeeping for them. The endpoint is
+(pycri/statemetrics.py), so the CRI path does no bookkeeping for them. The endpoint is
 pycri/metrics_listener.py, one thread with its own event loop: a scrape never waits on
-the daemon's loop, and a flood of connections is bounded there.
+the daemon's loop, and a flood of connections is bounded there. This module imports
+nothing of pycri's: every layer that counts something can import it.
 
 The counters are this module's own, and prometheus_client (with the http.server, email
 and urllib it brings, 2.6 MiB of an idle daemon's 55) is imported only when something
@@ -23,19 +24,12 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
-
-from pycri.config import MetricsConfig
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import Metric
-
-    from pycri.container.manager import ContainerManager
-    from pycri.launcher import Launcher
-    from pycri.sandbox.manager import SandboxManager
-    from pycri.streaming import StreamingServer
 
 # A CRI call spans ~50 µs (a List from memory) to minutes (a pull, a slow stop).
 _RPC_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120)
@@ -232,57 +226,3 @@ def timed(seconds: _Child | Histogram, failures: _Child | Counter) -> Iterator[N
         raise
     finally:
         seconds.observe(time.perf_counter() - t0)
-
-
-class StateCollector(Collector):
-    """Gauges computed at scrape time from the daemon's records (read in the scrape
-    thread: `list()` of a dict is one atomic step under the GIL)."""
-
-    def __init__(self, sandboxes: SandboxManager, containers: ContainerManager,
-                 launcher: Launcher, streaming: StreamingServer) -> None:  # fmt: skip
-        self.sandboxes = sandboxes
-        self.containers = containers
-        self.launcher = launcher
-        self.streaming = streaming
-
-    def collect(self) -> Iterable[Metric]:
-        from prometheus_client.core import GaugeMetricFamily
-
-        from pycri.api import api_pb2 as pb
-
-        pods = GaugeMetricFamily("pycri_pods", "Pod sandboxes by state", labels=["state"])
-        for state, n in _count(pb.PodSandboxState, (
-                s.state for s in list(self.sandboxes.sandboxes.values()))):
-            pods.add_metric([state], n)
-        yield pods
-        ctrs = GaugeMetricFamily("pycri_containers", "Containers by state", labels=["state"])
-        for state, n in _count(pb.ContainerState, (
-                c.state for c in list(self.containers.containers.values()))):
-            ctrs.add_metric([state], n)
-        yield ctrs
-        yield GaugeMetricFamily("pycri_conmon_processes", "conmon monitors being watched",
-                                value=self.launcher.monitors_running())
-        yield GaugeMetricFamily("pycri_streaming_sessions",
-                                "Upgraded exec/attach/port-forward sessions open",
-                                value=self.streaming.active_sessions())
-
-
-def _count(enum: object, states: Iterable[int]) -> list[tuple[str, int]]:
-    """Every state of the CRI enum (zero included, so a series never vanishes), by its
-    lowercase name without the prefix: SANDBOX_NOTREADY -> notready."""
-    values = enum.values()  # type: ignore[attr-defined]
-    counts = dict.fromkeys(values, 0)
-    for s in states:
-        counts[s] = counts.get(s, 0) + 1
-    return [(enum.Name(v).split("_", 1)[1].lower(), n)  # type: ignore[attr-defined]
-            for v, n in counts.items()]
-
-
-def serve(address: str, limits: MetricsConfig | None = None) -> Callable[[], None]:
-    """Serve /metrics on `address` (host:port) within `limits` from its own thread
-    (pycri/metrics_listener.py); returns the stopper. OSError when it cannot be bound."""
-    from pycri.metrics_listener import MetricsListener
-
-    listener = MetricsListener(address, limits or MetricsConfig(), REGISTRY.prometheus())
-    listener.start()
-    return listener.stop

@@ -7,7 +7,7 @@ of at most MAX_HEAD bytes and `send_timeout` seconds to take the answer. One req
 per connection (`Connection: close`), as prometheus_client's server did. The loop is
 its own, not the daemon's: a flood of scrapes never delays a CRI call, and a scrape
 still answers while the daemon's loop is busy. What a scrape reads is computed in this
-thread (pycri.metrics.StateCollector reads the daemon's records without locks).
+thread (pycri.statemetrics.StateCollector reads the daemon's records without locks).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 from collections import Counter
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pycri.config import MetricsConfig
@@ -159,3 +160,13 @@ def _bind(host: str, port: int) -> socket.socket:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family = infos[0][0]
     return socket.create_server((host, port), family=family, backlog=128)
+
+
+def serve(address: str, limits: MetricsConfig | None = None) -> Callable[[], None]:
+    """Serve /metrics on `address` (host:port) within `limits` from its own thread
+    (a MetricsListener); returns the stopper. OSError when it cannot be bound."""
+    from pycri.metrics import REGISTRY
+
+    listener = MetricsListener(address, limits or MetricsConfig(), REGISTRY.prometheus())
+    listener.start()
+    return listener.stop

@@ -90,11 +90,11 @@ def test_metrics_endpoint_on_first_use() -> None:
         port = probe.getsockname()[1]
     out = _fresh(f"""
         import urllib.request
-        from pycri import metrics
+        from pycri import metrics, metrics_listener
         metrics.RPC_ERRORS.labels("PullImage", "NOT_FOUND").inc()
         metrics.RPC_SECONDS.labels("Version").observe(0.002)
         out["before_serve"] = "prometheus_client" in sys.modules
-        stop = metrics.serve("127.0.0.1:{port}")
+        stop = metrics_listener.serve("127.0.0.1:{port}")
         with urllib.request.urlopen("http://127.0.0.1:{port}/metrics", timeout=10) as r:
             out["text"] = r.read().decode()
         stop()
