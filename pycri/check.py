@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pycri import cgroups
-from pycri.checkpoint.support import Probe, probe_criu, probe_runtime
 from pycri.config import CheckpointConfig, Config
+from pycri.criu.support import Probe, probe_criu, probe_runtime
 from pycri.oci import mounts, userns
 
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")

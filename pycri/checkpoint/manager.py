@@ -3,7 +3,7 @@
 CheckpointContainer pauses the container, dumps it with `runtime checkpoint
 --leave-running` (a checkpoint is a copy, as in CRI-O and containerd: the container
 runs on), copies its rootfs changes, resumes it, and writes the archive in one piece
-(checkpoint/archive.py). CreateContainer whose image is an archive makes a container
+(criu/archive.py). CreateContainer whose image is an archive makes a container
 from it in the given pod; StartContainer then restores the processes (`runtime restore`
 under conmon) instead of starting them. CheckpointPod and RestorePod do the same for
 every container of a pod. The work happens in a directory under the daemon's root,
@@ -30,9 +30,9 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from pycri.api import api_pb2 as pb
-from pycri.checkpoint import archive
-from pycri.checkpoint.support import CheckpointSupport, is_checkpoint_archive
 from pycri.container.manager import ContainerManager
+from pycri.criu import archive
+from pycri.criu.support import CheckpointSupport, is_checkpoint_archive
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, ResourceExhausted
 from pycri.gate import check_request
 from pycri.sandbox.manager import SandboxManager
@@ -67,7 +67,7 @@ def restored_config(dump: dict[str, Any], request: pb.ContainerConfig) -> pb.Con
     only that image, and the name and command where the request has none (RestorePod
     without container_configs). A checkpointed container with a mount or device the
     request lacks is refused; its processes' credentials are checked against the spec
-    (checkpoint/creds.py)."""
+    (criu/creds.py)."""
     archived = _parsed(dump.get("config"), pb.ContainerConfig(),
                        "image: the archive's container config")
     if not archived.image.image:

@@ -30,9 +30,9 @@ from pycri.api import api_pb2 as pb
 from pycri.cdi import names as cdi_names
 from pycri.cdi import registry as cdi
 from pycri.cdi.schema import ContainerEdits
-from pycri.checkpoint import archive, creds
-from pycri.checkpoint.support import CheckpointSupport
 from pycri.config import Config
+from pycri.criu import archive, creds
+from pycri.criu.support import CheckpointSupport
 from pycri.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -186,7 +186,7 @@ class ContainerManager:
         self, sandbox_id: str, config: pb.ContainerConfig, sandbox_config: pb.PodSandboxConfig,
         restore: Path | None = None,
     ) -> str:
-        """`restore`: an unpacked checkpoint (checkpoint/archive.py) the container is made
+        """`restore`: an unpacked checkpoint (criu/archive.py) the container is made
         from: its rootfs changes are applied now, its processes restored at the start."""
         sb = self.ready_sandbox(sandbox_id)
         config = _with_pod_namespaces(config, sb.config)

@@ -18,8 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pycri.checkpoint.support import probe_criu
 from pycri.config import CheckpointConfig
+from pycri.criu.support import probe_criu
 
 NOT_EXERCISED = "not exercised: "
 

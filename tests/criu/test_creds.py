@@ -1,4 +1,4 @@
-"""What a checkpoint's processes were allowed (pycri/checkpoint/creds.py), read from core
+"""What a checkpoint's processes were allowed (pycri/criu/creds.py), read from core
 images that CRIU's own `crit` encoded, against an OCI spec as pycri generates it."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from pycri.checkpoint import creds
+from pycri.criu import creds
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.oci.spec import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from tests.lib.criu_images import write_core

@@ -1,4 +1,4 @@
-"""Checkpoint archives on disk (pycri/checkpoint/archive.py): where they may be written and
+"""Checkpoint archives on disk (pycri/criu/archive.py): where they may be written and
 read, that writing is all or nothing and bounded, that a hostile archive cannot write
 outside its directory, and that a container's rootfs changes (an overlay upper dir with a
 whiteout) replay into a new overlay as they were. Real files and real overlay mounts."""
@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pycri.checkpoint import archive
+from pycri.criu import archive
 from pycri.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 

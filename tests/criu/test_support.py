@@ -1,4 +1,4 @@
-"""Whether this node can checkpoint (pycri/checkpoint/support.py), asked of the real criu
+"""Whether this node can checkpoint (pycri/criu/support.py), asked of the real criu
 and runtimes, with failures injected through stand-in binaries: a missing criu, one whose
 `check` fails with CRIU's own words, one that hangs; answers cached, probes off the loop."""
 
@@ -15,8 +15,8 @@ import pytest
 from pycri import config as config_mod
 from pycri.api import api_pb2 as pb
 from pycri.check import run_checks
-from pycri.checkpoint.support import CheckpointSupport, probe_criu, probe_runtime
 from pycri.config import CheckpointConfig, Config, ConfigError
+from pycri.criu.support import CheckpointSupport, probe_criu, probe_runtime
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.gate import check_request
 

@@ -1,0 +1,4 @@
+"""What CRIU writes and needs: the checkpoint archive's layout (archive.py), whether
+this node can checkpoint (support.py), and what a checkpointed process was allowed
+(creds.py). Below the container manager, which restores from them; the RPC-level
+orchestration is pycri/checkpoint/."""
