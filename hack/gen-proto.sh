@@ -3,7 +3,7 @@
 #   the CRI (proto/runtime/v1/api.proto) into pycri/api/, gRPC services included;
 #   NRI (proto/nri/api.proto, containerd/nri pkg/api) into pycri/nri/api/, messages
 #   only, since NRI runs over ttrpc (pycri/nri/ttrpc.py), not gRPC.
-# tests/test_proto.py fails when the committed stubs are stale.
+# tests/api/test_proto.py fails when the committed stubs are stale.
 # Usage: hack/gen-proto.sh [CRI_OUT [NRI_OUT]]
 set -euo pipefail
 cd "$(dirname "$0")/.."

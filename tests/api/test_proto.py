@@ -9,7 +9,7 @@ from pathlib import Path
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_stubs_are_current(tmp_path: Path) -> None:
