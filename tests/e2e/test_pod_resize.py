@@ -78,7 +78,7 @@ def test_refused_resize_changes_nothing(node: Node) -> None:
     before, record = limits(sid), recorded(node, sid)
     cases = [
         ("0" * 64, {"resources": R(cpu_shares=2)}, grpc.StatusCode.NOT_FOUND, "not found"),
-        (sid, {"resources": R(memory_limit_in_bytes=MiB)}, grpc.StatusCode.INVALID_ARGUMENT,
+        (sid, {"resources": R(memory_limit_in_bytes=1024)}, grpc.StatusCode.INVALID_ARGUMENT,
          "resources.memory_limit_in_bytes"),
         (sid, {"resources": R(cpu_shares=2, cpuset_cpus="0")},
          grpc.StatusCode.INVALID_ARGUMENT, "resources.cpuset_cpus"),
