@@ -6,7 +6,8 @@ capabilities.py, security.py (AppArmor, SELinux, masked paths, seccomp),
 namespaces.py (and the pod's user namespace), mounts.py, devices.py, resources.py
 (linux.resources, cgroupsPath, pod limits) and annotations.py.
 
-Re-exported here: what the container and sandbox managers and the stats collector use.
+Re-exported here: what the container and sandbox managers, the stats collector and
+criu/creds.py use.
 """
 
 from pycri.oci.spec.build import ContainerContext, SandboxContext, container_spec, sandbox_spec
