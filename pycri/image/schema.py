@@ -17,7 +17,7 @@ from typing import Any
 from pycri import errors
 from pycri.image import reference
 from pycri.image.types import MAX_ID
-from pycri.oci.spec import ImageConfig
+from pycri.oci.spec.image import ImageConfig
 
 # An image config is read whole, parsed and kept (in memory too) with the image record;
 # 4 MiB as in containers/image, where real configs with long histories stay far below.

@@ -40,7 +40,7 @@ from pycri.errors import InvalidArgument, PycriError
 from pycri.gate import check_request
 from pycri.nri.api import api_pb2 as api
 from pycri.nri.domain import Containers
-from pycri.oci import spec as oci_spec
+from pycri.oci.spec.resources import resources_to_oci
 
 log = logging.getLogger(__name__)
 
@@ -634,7 +634,7 @@ def _apply_resources(linux: dict[str, Any], r: api.LinuxResources) -> None:
     res: dict[str, Any] = linux.setdefault("resources", {})
     cri = pb.LinuxContainerResources()
     _cri_overlay(cri, r)
-    oci = oci_spec.resources_to_oci(cri)
+    oci = resources_to_oci(cri)
     mem, cpu = r.memory, r.cpu
     memory = {**res.get("memory", {}), **oci.get("memory", {})}
     for name, key in (("reservation", "reservation"), ("swappiness", "swappiness"),

@@ -1,7 +1,8 @@
 """Host-side checks the caller runs before spec generation: mount sources and devices.
 
-Kept apart from spec.py so that spec generation stays pure; everything here reads the
-host (stat, /proc/self/mountinfo, /dev) and nothing here changes it.
+Kept apart from the spec package (oci/spec/) so that spec generation stays pure;
+everything here reads the host (stat, /proc/self/mountinfo, /dev) and nothing here
+changes it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
 from pycri.oci import bindopts
-from pycri.oci.spec import DeviceInfo
+from pycri.oci.spec.devices import DeviceInfo
 
 MOUNTINFO = "/proc/self/mountinfo"
 

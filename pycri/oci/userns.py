@@ -28,7 +28,7 @@ from pathlib import Path
 from pycri.errors import PycriError
 from pycri.network.netns import pin_netns_of
 from pycri.oci import mounts
-from pycri.oci.spec import IDMap
+from pycri.oci.spec.namespaces import IDMap
 from pycri.procs import communicate, kill_and_reap
 
 UNSHARE = "unshare"  # util-linux

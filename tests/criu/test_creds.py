@@ -10,7 +10,7 @@ import pytest
 
 from pycri.criu import creds
 from pycri.errors import FailedPrecondition, InvalidArgument
-from pycri.oci.spec import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
+from pycri.oci.spec.capabilities import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
 from tests.lib.criu_images import write_core
 
 

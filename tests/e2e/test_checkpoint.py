@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
-from pycri.oci.spec import ALL_CAPABILITIES
+from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 from tests.e2e.conftest import CRIU, Node
 from tests.lib import hostile_checkpoints, images, tools
 from tests.lib.criu_images import write_core

@@ -12,7 +12,7 @@ import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-from pycri.oci.spec import ALL_CAPABILITIES
+from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 
 CRIT = shutil.which("crit") or "/usr/bin/crit"
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from pycri.oci.spec import ALL_CAPABILITIES
+from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 from tests.lib import images
 from tests.lib.criu_images import write_core
 from tests.lib.images import Entry

@@ -6,7 +6,8 @@ from dataclasses import replace
 from typing import Any
 
 from pycri.api import api_pb2 as pb
-from pycri.oci.spec import ContainerContext, ImageConfig, container_spec
+from pycri.oci.spec.build import ContainerContext, container_spec
+from pycri.oci.spec.image import ImageConfig
 from pycri.oci.users import ResolvedUser
 
 IMAGE = ImageConfig(entrypoint=("/entry",), cmd=("cmd1", "cmd2"), env=("A=img", "B=img"))
@@ -54,6 +55,15 @@ def build(
     return container_spec(
         config or container_config(), sandbox or sandbox_config(), image, replace(CTX, **ctx)
     )
+
+
+def privileged_spec(**ctx: Any) -> dict[str, Any]:
+    """A privileged container in a privileged pod."""
+    cfg = container_config()
+    sb = sandbox_config()
+    cfg.linux.security_context.privileged = True
+    sb.linux.security_context.privileged = True
+    return build(cfg, sb, **ctx)
 
 
 def mount_at(spec: dict[str, Any], dest: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Specs from spec.py run under real runc and crun with a busybox rootfs.
+"""Specs from oci/spec/ run under real runc and crun with a busybox rootfs.
 
 Each container runs in the foreground (`<runtime> run`), so stdout is the process's;
 cgroups live under a unique parent that is removed at teardown.
@@ -22,17 +22,14 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.oci import seccomp
-from pycri.oci.spec import (
+from pycri.oci.spec.build import ContainerContext, SandboxContext, container_spec, sandbox_spec
+from pycri.oci.spec.capabilities import (
     ALL_CAPABILITIES,
     DEFAULT_CAPABILITIES,
-    ContainerContext,
-    DeviceInfo,
-    ImageConfig,
-    SandboxContext,
     capabilities_from_mask,
-    container_spec,
-    sandbox_spec,
 )
+from pycri.oci.spec.devices import DeviceInfo
+from pycri.oci.spec.image import ImageConfig
 from pycri.oci.users import UserRequest, resolve_user_in_rootfs
 
 RUNTIMES = {"runc": "/usr/sbin/runc", "crun": "/usr/bin/crun"}

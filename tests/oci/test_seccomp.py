@@ -20,7 +20,7 @@ from pycri.oci.seccomp import (
     for_capabilities,
     load_profile,
 )
-from pycri.oci.spec import DEFAULT_CAPABILITIES
+from pycri.oci.spec.capabilities import DEFAULT_CAPABILITIES
 
 SP = pb.SecurityProfile
 

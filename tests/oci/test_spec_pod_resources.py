@@ -4,7 +4,8 @@ annotations a VM-based handler reads, and the limits of a pod cgroup pycri makes
 from __future__ import annotations
 
 from pycri.api import api_pb2 as pb
-from pycri.oci.spec import SandboxContext, pod_limits, sandbox_spec
+from pycri.oci.spec.build import SandboxContext, sandbox_spec
+from pycri.oci.spec.resources import pod_limits
 
 from .specutil import sandbox_config
 

@@ -10,14 +10,10 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
 from pycri.oci.seccomp import default_profile
-from pycri.oci.spec import (
-    ALL_CAPABILITIES,
-    DEFAULT_CAPABILITIES,
-    DEFAULT_PATH,
-    ImageConfig,
-    SandboxContext,
-    sandbox_spec,
-)
+from pycri.oci.spec.build import SandboxContext, sandbox_spec
+from pycri.oci.spec.capabilities import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
+from pycri.oci.spec.image import ImageConfig
+from pycri.oci.spec.process import DEFAULT_PATH
 from pycri.oci.users import ResolvedUser
 
 from .specutil import mount_at, sandbox_config

@@ -15,7 +15,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.oci import selinux
-from pycri.oci.spec import SandboxContext, sandbox_spec
+from pycri.oci.spec.build import SandboxContext, sandbox_spec
 
 from .specutil import build, container_config, mount_at, sandbox_config
 

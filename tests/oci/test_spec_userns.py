@@ -8,16 +8,9 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
-from pycri.oci.spec import (
-    IDMap,
-    SandboxContext,
-    UserNamespace,
-    cri_mounts,
-    idmap_key,
-    pod_id_maps,
-    rro_key,
-    sandbox_spec,
-)
+from pycri.oci.spec.build import SandboxContext, sandbox_spec
+from pycri.oci.spec.mounts import cri_mounts, idmap_key, rro_key
+from pycri.oci.spec.namespaces import IDMap, UserNamespace, pod_id_maps
 from pycri.oci.userns import Support, runtime_problem
 from pycri.oci.users import ResolvedUser
 

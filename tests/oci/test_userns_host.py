@@ -17,7 +17,7 @@ from pycri.config import Config, RuntimeHandler
 from pycri.image.snapshots import Snapshotter
 from pycri.network.netns import remove_netns
 from pycri.oci import mounts
-from pycri.oci.spec import IDMap
+from pycri.oci.spec.namespaces import IDMap
 from pycri.oci.userns import create_pod_namespaces, open_userns, probe_kernel, unpin_userns
 
 
