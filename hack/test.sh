@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian host to the whole test suite: install what
-# the tests need, lint (ruff, mypy), then pytest. Extra arguments go to pytest.
+# the tests need, lint (ruff, mypy, the import layers), then pytest. Extra arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 hack/setup.sh || exit 1
 
 .venv/bin/ruff check pycri tests hack || exit 1
 .venv/bin/mypy || exit 1
+.venv/bin/lint-imports || exit 1  # the layers in pyproject.toml
 
 # What the run did not cover (a tool no package provides is missing) is said last.
 missed=$(mktemp)

@@ -24,8 +24,8 @@ from pycri import parsefail
 from pycri.cdi import edits as edits_mod
 from pycri.cdi import names
 from pycri.cdi.schema import ContainerEdits, DeviceNode, Spec, SpecError, parse_spec
+from pycri.devices import device_info
 from pycri.errors import InvalidArgument
-from pycri.oci.mounts import device_info
 
 SUFFIXES = (".json", ".yaml")
 MAX_NODES = 200_000  # decoded values in one document: YAML aliases may multiply a small file

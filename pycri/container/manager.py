@@ -33,6 +33,7 @@ from pycri.cdi.schema import ContainerEdits
 from pycri.config import Config
 from pycri.criu import archive, creds
 from pycri.criu.support import CheckpointSupport
+from pycri.devices import host_devices, resolve_device
 from pycri.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -432,7 +433,7 @@ class ContainerManager:
             host = mounts.validate_host_path(m.host_path)
             mounts.check_propagation(host.path, m.propagation)
             sources[m.host_path] = host.path
-        devices = [d for dev in config.devices for d in mounts.resolve_device(dev)]
+        devices = [d for dev in config.devices for d in resolve_device(dev)]
         ns = sb.config.linux.security_context.namespace_options
         infra = f"/proc/{sb.infra_pid}/ns"
         pod_dir = self.sandboxes.pod_dir(sb.id)
@@ -456,7 +457,7 @@ class ContainerManager:
             min_oom_score_adj=self.sandboxes.min_oom_score_adj,
             available_capabilities=self.sandboxes.capabilities,
             devices=devices,
-            host_devices=mounts.host_devices() if sc.privileged else (),
+            host_devices=host_devices() if sc.privileged else (),
             mount_sources=sources,
             selinux_enabled=self.sandboxes.selinux,
             userns=self.sandboxes.userns(sb),

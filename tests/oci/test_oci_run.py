@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from pycri.api import api_pb2 as pb
+from pycri.devices import DeviceInfo
 from pycri.oci import seccomp
 from pycri.oci.spec.build import ContainerContext, SandboxContext, container_spec, sandbox_spec
 from pycri.oci.spec.capabilities import (
@@ -28,7 +29,6 @@ from pycri.oci.spec.capabilities import (
     DEFAULT_CAPABILITIES,
     capabilities_from_mask,
 )
-from pycri.oci.spec.devices import DeviceInfo
 from pycri.oci.spec.image import ImageConfig
 from pycri.oci.users import UserRequest, resolve_user_in_rootfs
 

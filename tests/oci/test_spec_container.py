@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from pycri.devices import DeviceInfo
 from pycri.errors import InvalidArgument
 from pycri.oci.seccomp import default_profile
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES
-from pycri.oci.spec.devices import DeviceInfo
 
 from .specutil import build, container_config, mount_at, privileged_spec
 

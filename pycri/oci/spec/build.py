@@ -16,10 +16,11 @@ from typing import Any
 from pycri.api import api_pb2 as pb
 from pycri.cdi import edits as cdi_edits
 from pycri.cdi.schema import ContainerEdits
+from pycri.devices import DeviceInfo
 from pycri.errors import InvalidArgument
 from pycri.oci.spec.annotations import container_annotations, sandbox_annotations
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES, capabilities
-from pycri.oci.spec.devices import DeviceInfo, container_devices
+from pycri.oci.spec.devices import container_devices
 from pycri.oci.spec.image import ImageConfig
 from pycri.oci.spec.mounts import (
     base_mounts,
@@ -75,7 +76,7 @@ class ContainerContext:
     min_oom_score_adj: int = -1000
     # What the daemon itself may hand out (its bounding set): privileged and "ALL" mean this.
     available_capabilities: Sequence[str] = ALL_CAPABILITIES
-    devices: Sequence[DeviceInfo] = ()  # the CRI devices, resolved (oci/mounts.resolve_device)
+    devices: Sequence[DeviceInfo] = ()  # the CRI devices, resolved (devices.resolve_device)
     host_devices: Sequence[DeviceInfo] = ()  # for privileged containers
     # CRI host_path → resolved path; image_volume_key(i) → the prepared image volume
     mount_sources: Mapping[str, str] = field(default_factory=dict)

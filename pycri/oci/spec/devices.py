@@ -4,22 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    """A device node as the container will see it (host facts read by oci/mounts.py)."""
-
-    path: str  # inside the container
-    type: str  # "c", "b" or "p"
-    major: int
-    minor: int
-    file_mode: int = 0o666
-    uid: int = 0
-    gid: int = 0
-    permissions: str = "rwm"
+from pycri.devices import DeviceInfo
 
 
 def _entries(
