@@ -7,7 +7,7 @@ from __future__ import annotations
 import signal
 
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import cri_signal, parse_signal, signal_of_cri
+from pycri.container.signals import cri_signal, parse_signal, signal_of_cri
 
 ALIASES = {"SIGNAL_SIGCLD": "SIGNAL_SIGCHLD", "SIGNAL_SIGIOT": "SIGNAL_SIGABRT",
            "SIGNAL_SIGPOLL": "SIGNAL_SIGIO"}
