@@ -7,7 +7,8 @@ from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
 from pycri.checkpoint.manager import CheckpointManager
-from pycri.container.manager import ContainerManager, cri_signal, parse_signal
+from pycri.container.manager import ContainerManager
+from pycri.container.signals import cri_signal, parse_signal
 from pycri.server.errors import rpc
 from pycri.server.itemcache import ItemCache
 from pycri.server.streamed import streamed_list

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pycri.api import api_pb2 as pb
 from pycri.cgroups import CGROUP_ROOT, Pressure, relative_dir
-from pycri.container.manager import RUNNING_STATES, ContainerManager
+from pycri.container.base import RUNNING_STATES
+from pycri.container.manager import ContainerManager
 from pycri.errors import InvalidArgument, NotFound
 from pycri.oci import spec
 from pycri.sandbox.manager import SandboxManager

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import signal
 
+import pytest
+
 from pycri.api import api_pb2 as pb
-from pycri.container.manager import cri_signal, parse_signal, signal_of_cri
+from pycri.container.signals import cri_signal, parse_signal, signal_of_cri
+from pycri.errors import InvalidArgument
 
 ALIASES = {"SIGNAL_SIGCLD": "SIGNAL_SIGCHLD", "SIGNAL_SIGIOT": "SIGNAL_SIGABRT",
            "SIGNAL_SIGPOLL": "SIGNAL_SIGIO"}
@@ -29,3 +32,9 @@ def test_real_time_signals_and_the_default() -> None:
     assert signal_of_cri(pb.SIGNAL_RUNTIME_DEFAULT) == ""  # the image's, else SIGTERM
     assert cri_signal(parse_signal("")) == pb.SIGNAL_SIGTERM
     assert cri_signal(0) == pb.SIGNAL_RUNTIME_DEFAULT
+
+
+def test_an_image_stopsignal_by_name_short_name_or_number() -> None:
+    assert parse_signal("SIGQUIT") == parse_signal("quit") == parse_signal("3") == signal.SIGQUIT
+    with pytest.raises(InvalidArgument, match="unknown stop signal 'SIGNOPE'"):
+        parse_signal("SIGNOPE")
