@@ -7,8 +7,10 @@ The kubelet addresses pods and containers by ID, crictl by any unique prefix
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Protocol, TypeVar
 
+from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument, NotFound
 
 
@@ -30,6 +32,25 @@ def resolve_prefix(prefix: str, ids: Iterable[str], what: str) -> str:
     raise InvalidArgument(f"{what} ID prefix {prefix!r} is ambiguous ({len(matches)} matches)")
 
 
-def matches_labels(labels: dict[str, str], selector: dict[str, str]) -> bool:
-    """CRI label selectors are plain equality on every given key."""
-    return all(labels.get(k) == v for k, v in selector.items())
+class Listed(Protocol):
+    """A pod or container record, as a List call's filter sees it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def config(self) -> pb.PodSandboxConfig | pb.ContainerConfig: ...
+
+
+L = TypeVar("L", bound=Listed)
+
+
+def filtered(records: list[L], id_prefix: str, selector: Mapping[str, str]) -> list[L]:
+    """The records whose ID starts with `id_prefix` and whose labels hold every key of
+    `selector` with its value (CRI label selectors are plain equality)."""
+    if id_prefix:
+        records = [r for r in records if r.id.startswith(id_prefix)]
+    if selector:
+        records = [r for r in records
+                   if all(r.config.labels.get(k) == v for k, v in selector.items())]
+    return records

@@ -44,12 +44,12 @@ class ContainerBase:
     ) -> None:
         self.cfg = cfg
         self.events = events
-        self.store = store
         self.launcher = launcher
         self.sandboxes = sandboxes
         self.images = images
         self.nri: Adaptation = sandboxes.nri
-        self.containers: Records[Container] = Records("container", lambda c: c.sandbox_id)
+        self.containers: Records[Container] = Records(
+            "container", store, KIND, lambda c: c.sandbox_id)
         self.log_root = Path(cfg.state) / "logs"
         self.rro_root = mounts.staging_area(cfg.state)
         self._starting: set[str] = set()  # StartContainer in flight
@@ -71,17 +71,8 @@ class ContainerBase:
     def lock(self, cid: str) -> asyncio.Lock:
         return self.containers.lock(cid)
 
-    def _save(self, c: Container) -> None:
-        c.revision += 1
-        self.store.put(KIND, c.id, c.to_record())
-        self.containers.put(c)
-
     def _publish(self, c: Container, kind: int) -> None:
         self.events.publish(Event(c.id, c.sandbox_id, kind, time.time_ns()))
-
-    def _forget(self, c: Container) -> None:
-        self.store.delete(KIND, c.id)
-        self.containers.drop(c)
 
     def of_sandbox(self, sandbox_id: str) -> list[Container]:
         return self.containers.of_pod(sandbox_id)

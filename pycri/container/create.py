@@ -73,11 +73,11 @@ class ContainerCreate(ContainerSpec):
         self.containers.reserve(key, cid)
         try:
             async with self.containers.lock(cid), AsyncExitStack() as undo:
-                self._save(c)
-                undo.callback(self._forget, c)
+                self.containers.save(c)
+                undo.callback(self.containers.forget, c)
                 doc = await self._build(c, sb, image.config, undo, restore)
                 c.state = pb.CONTAINER_CREATED
-                self._save(c)
+                self.containers.save(c)
                 undo.pop_all()
         except BaseException:
             self.containers.release(key, cid)

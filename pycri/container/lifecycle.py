@@ -57,13 +57,13 @@ class ContainerLifecycle(ContainerBase):
                 c.state, c.exit_code, c.started_at = pb.CONTAINER_EXITED, 128, 0
                 c.reason, c.message = "StartError", str(e)
                 c.finished_at = time.time_ns()
-                self._save(c)
+                self.containers.save(c)
                 raise
             finally:
                 self._starting.discard(c.id)
             if c.state == pb.CONTAINER_CREATED:
                 c.state = pb.CONTAINER_RUNNING
-            self._save(c)
+            self.containers.save(c)
             self._publish(c, events.STARTED)
             await self.nri.post_start_container(c)
             if c.state == pb.CONTAINER_EXITED:  # it exited while being started
@@ -102,7 +102,7 @@ class ContainerLifecycle(ContainerBase):
         c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 128 + signal.SIGKILL, "Error"
         c.message = "stopped before its restore"
         c.finished_at = time.time_ns()
-        self._save(c)
+        self.containers.save(c)
         self._publish(c, events.STOPPED)
         self._nri_stop(c)
 
@@ -141,7 +141,7 @@ class ContainerLifecycle(ContainerBase):
         if not c.log_path:
             (self.log_root / f"{c.id}.log").unlink(missing_ok=True)
         await self.nri.remove_container(c)
-        self._forget(c)
+        self.containers.forget(c)
         self._publish(c, events.DELETED)
         sb = self.sandboxes.sandboxes.get(c.sandbox_id)
         if sb is not None:
@@ -167,7 +167,7 @@ class ContainerLifecycle(ContainerBase):
             c.reason, c.message = "MonitorDied", lost
         else:
             c.reason = "Completed" if code == 0 else "Error"
-        self._save(c)
+        self.containers.save(c)
         self._kill_leftovers(c)
         if oid not in self._starting:  # start() reports it after STARTED
             self._publish(c, events.STOPPED)

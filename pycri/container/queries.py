@@ -15,7 +15,7 @@ from pycri.api import api_pb2 as pb
 from pycri.container.base import RUNNING_STATES, ContainerBase, _to_json
 from pycri.errors import FailedPrecondition, NotFound
 from pycri.monitor.execsync import ExecResult, exec_sync
-from pycri.names import matches_labels
+from pycri.names import filtered
 from pycri.nri import adjust, convert
 from pycri.oci import spec
 from pycri.store.container import Container
@@ -31,16 +31,11 @@ class ContainerQueries(ContainerBase):
         out = [c for c in self.containers.values() if c.state != pb.CONTAINER_UNKNOWN]
         if flt is None:
             return out
-        if flt.id:
-            out = [c for c in out if c.id.startswith(flt.id)]
         if flt.pod_sandbox_id:
             out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
         if isinstance(flt, pb.ContainerFilter) and flt.HasField("state"):
             out = [c for c in out if c.state == flt.state.state]
-        if flt.label_selector:
-            sel = dict(flt.label_selector)
-            out = [c for c in out if matches_labels(dict(c.config.labels), sel)]
-        return out
+        return filtered(out, flt.id, flt.label_selector)
 
     def verbose_info(self, c: Container) -> dict[str, str]:
         info = {
@@ -74,7 +69,7 @@ class ContainerQueries(ContainerBase):
                 resources = adjust.to_cri_resources(resources, own)
             await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))
             c.resources = json.loads(_to_json(resources))
-            self._save(c)
+            self.containers.save(c)
             await self.nri.post_update_container(c)
 
     async def reopen_log(self, cid: str) -> None:

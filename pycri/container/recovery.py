@@ -18,7 +18,7 @@ from pycri.monitor.execsync import sweep_orphans
 from pycri.monitor.probe import Fact, Probe, identity_of
 from pycri.oci import mounts
 from pycri.recovery import probed
-from pycri.store.container import KIND, Container
+from pycri.store.container import Container
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class ContainerRecovery(ContainerLifecycle):
         await asyncio.to_thread(self._sweep_staging)
         if n := await asyncio.to_thread(sweep_orphans, self.exec_root):
             log.info("cleared %d exec session(s) a crash left behind", n)
-        for c in self.store.load(KIND, self._load):
+        for c in self.containers.load(self._load):
             self.containers.put(c)
         self.unchecked = {c.id for c in self.containers.values()
                           if c.state != pb.CONTAINER_UNKNOWN}
@@ -125,7 +125,7 @@ class ContainerRecovery(ContainerLifecycle):
                 # and call it exited). The start time is when this was found.
                 cur.state, cur.started_at, changed = pb.CONTAINER_RUNNING, time.time_ns(), True
             if changed:
-                self._save(cur)
+                self.containers.save(cur)
 
     async def _thaw(self, cid: str, runtime_calls: asyncio.Semaphore) -> None:
         """Thaw a container a checkpoint froze when pycri was killed during it."""
@@ -142,7 +142,7 @@ class ContainerRecovery(ContainerLifecycle):
         c.state, c.exit_code, c.reason = pb.CONTAINER_EXITED, 255, "Unknown"
         c.message = "container state was lost (host reboot?)"
         c.finished_at = time.time_ns()
-        self._save(c)
+        self.containers.save(c)
 
     async def _remove_half_created(self) -> None:
         """A CreateContainer cut short by a crash: its ID never reached a client, and

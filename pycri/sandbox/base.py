@@ -47,13 +47,12 @@ class SandboxBase:
     ) -> None:
         self.cfg = cfg
         self.events = events
-        self.store = store
         self.launcher = launcher
         self.cni = cni
         self.images = images
         self.nri = nri
         self.containers: PodContainers | None = None
-        self.sandboxes: Records[Sandbox] = Records("pod sandbox")
+        self.sandboxes: Records[Sandbox] = Records("pod sandbox", store, KIND)
         # RunPodSandbox in flight: not listed until READY (nor while NRI plugins see it).
         self._running: set[str] = set()
         self.pod_root = Path(cfg.root) / "sandboxes"
@@ -104,17 +103,7 @@ class SandboxBase:
             return None
         return Idmap(Path(ns.path), ns.uids[0].host_id, ns.gids[0].host_id)
 
-    # -- the record ----------------------------------------------------------------
-
-    def _save(self, sb: Sandbox) -> None:
-        sb.revision += 1
-        self.store.put(KIND, sb.id, sb.to_record())
-        self.sandboxes.put(sb)
-
     def _publish(self, sb: Sandbox, kind: int) -> None:
         """Sandboxes report their own lifecycle as container events, as the kubelet expects."""
         self.events.publish(Event(sb.id, sb.id, kind, time.time_ns()))
 
-    def _forget(self, sb: Sandbox) -> None:
-        self.store.delete(KIND, sb.id)
-        self.sandboxes.drop(sb)

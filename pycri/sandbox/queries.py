@@ -9,7 +9,7 @@ import json
 from google.protobuf import json_format
 
 from pycri.api import api_pb2 as pb
-from pycri.names import matches_labels
+from pycri.names import filtered
 from pycri.sandbox.base import SandboxBase
 from pycri.store.sandbox import Sandbox
 
@@ -24,14 +24,9 @@ class Queries(SandboxBase):
             out = [s for s in out if s.id not in self._running]
         if flt is None:
             return out
-        if flt.id:
-            out = [s for s in out if s.id.startswith(flt.id)]
         if isinstance(flt, pb.PodSandboxFilter) and flt.HasField("state"):
             out = [s for s in out if s.state == flt.state.state]
-        if flt.label_selector:
-            sel = dict(flt.label_selector)
-            out = [s for s in out if matches_labels(dict(s.config.labels), sel)]
-        return out
+        return filtered(out, flt.id, flt.label_selector)
 
     def verbose_info(self, sb: Sandbox) -> dict[str, str]:
         info = {

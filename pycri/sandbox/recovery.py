@@ -19,7 +19,7 @@ from pycri.network import PodNetwork
 from pycri.network.cache import CorruptEntry
 from pycri.recovery import probed
 from pycri.sandbox.base import SandboxBase
-from pycri.store.sandbox import KIND, Sandbox
+from pycri.store.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,13 @@ class Recovery(SandboxBase):
         if sb is not None and sb.state == pb.SANDBOX_READY:
             log.warning("infra of pod %s exited with %d; pod is NOTREADY", oid, code)
             sb.state = pb.SANDBOX_NOTREADY
-            self._save(sb)
+            self.sandboxes.save(sb)
             self._publish(sb, events.STOPPED)
 
     async def recover(self) -> set[str]:
         """Reload the records, before the socket serves (no process, no runtime call);
         `recheck` then confirms that the READY ones still are. Returns their IDs."""
-        for sb in self.store.load(KIND, self._load):
+        for sb in self.sandboxes.load(self._load):
             self.sandboxes.put(sb)
         self.unchecked = set(self.sandboxes)
         return {sb.id for sb in self.sandboxes.values() if sb.state == pb.SANDBOX_READY}
@@ -95,7 +95,7 @@ class Recovery(SandboxBase):
         if running and state is not None and state.get("pid") == sb.infra_pid and (
                 init := identity_of(sb.infra_pid)) and sb.revision == revision:
             sb.infra_start = init.start  # an older pycri's record: learn it now
-            self._save(sb)
+            self.sandboxes.save(sb)
             revision = sb.revision
         if not running:
             self._not_survived(sb, revision)
@@ -106,7 +106,7 @@ class Recovery(SandboxBase):
                 and sb.state == pb.SANDBOX_READY):
             log.info("pod %s did not survive; marking NOTREADY", sb.id)
             sb.state = pb.SANDBOX_NOTREADY
-            self._save(sb)
+            self.sandboxes.save(sb)
 
     def _load(self, sid: str, rec: dict[str, Any]) -> Sandbox:
         sb = Sandbox.from_record(sid, rec)

@@ -54,7 +54,7 @@ class Resize(SandboxBase):
                          else "it has no pod cgroup of pycri's own")
             sb.config = config
             try:
-                self._save(sb)
+                self.sandboxes.save(sb)
             except BaseException:
                 sb.config = old
                 if sb.own_cgroup:

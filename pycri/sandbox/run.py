@@ -57,14 +57,14 @@ class RunPipeline(Infra):
             async with self.sandboxes.lock(sid), AsyncExitStack() as undo:
                 # Written first, so a crash half-way leaves a NOTREADY pod that
                 # StopPodSandbox/RemovePodSandbox can still clean up.
-                self._save(sb)
-                undo.callback(self._forget, sb)
+                self.sandboxes.save(sb)
+                undo.callback(self.sandboxes.forget, sb)
                 await self._setup(sb, undo)
                 async with step("NRI RunPodSandbox"):
                     undo.push_async_callback(self.nri.undo_run_pod_sandbox, sb)
                     await self.nri.run_pod_sandbox(sb)
                 sb.state = pb.SANDBOX_READY
-                self._save(sb)
+                self.sandboxes.save(sb)
                 undo.pop_all()
         except BaseException:
             self.sandboxes.release(name_key(md), sid)
@@ -97,7 +97,7 @@ class RunPipeline(Infra):
         if ns is not None:  # the gate allows no host network with a user namespace
             async with step("creating the pod's user and network namespaces"):
                 sb.netns = str(NETNS_RUN_DIR / f"pycri-{sb.id}")
-                self._save(sb)
+                self.sandboxes.save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 undo.callback(userns.unpin_userns, Path(ns.path))
                 await userns.create_pod_namespaces(
@@ -107,7 +107,7 @@ class RunPipeline(Infra):
                 # Path saved and undo pushed first: a crash or cancel during the create
                 # must not leave a pinned namespace nobody knows about.
                 sb.netns = str(NETNS_RUN_DIR / f"pycri-{sb.id}")
-                self._save(sb)
+                self.sandboxes.save(sb)
                 undo.push_async_callback(remove_netns, sb.netns)
                 await create_netns(f"pycri-{sb.id}")
         # The network and the infra need only the pinned namespace: wired at once. A failed
@@ -140,7 +140,8 @@ class RunPipeline(Infra):
             return
         async with step("creating the pod cgroup"):
             sb.cgroup_parent, sb.own_cgroup = podcgroup.path_for(sb.id), True
-            self._save(sb)  # first: a crash during the create leaves it to RemovePodSandbox
+            # First: a crash during the create leaves it to RemovePodSandbox.
+            self.sandboxes.save(sb)
             undo.push_async_callback(asyncio.to_thread, podcgroup.remove, sb.cgroup_parent,
                                      sb.id)
             await in_thread(podcgroup.create, sb.cgroup_parent, limits)

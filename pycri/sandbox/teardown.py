@@ -33,7 +33,7 @@ class Teardown(Infra):
         # (so none escapes stop_all), and the infra exit that follows is not a crash.
         if sb.state == pb.SANDBOX_READY:
             sb.state = pb.SANDBOX_NOTREADY
-            self._save(sb)
+            self.sandboxes.save(sb)
             self._publish(sb, events.STOPPED)
         if self.containers is not None:
             await self.containers.stop_all(sb.id)
@@ -62,7 +62,7 @@ class Teardown(Infra):
         async with step("tearing down the pod network (CNI)"):
             await self.cni.teardown(pod_network(sb))
         sb.network_torn_down = True
-        self._save(sb)
+        self.sandboxes.save(sb)
 
     async def remove(self, sid: str) -> None:
         """Stop if needed, then remove containers, infra, files and the record."""
@@ -82,7 +82,7 @@ class Teardown(Infra):
                 await asyncio.to_thread(podcgroup.remove, sb.cgroup_parent, sb.id)
             shutil.rmtree(self.pod_dir(sb.id), ignore_errors=True)
             shutil.rmtree(self.state_dir(sb.id), ignore_errors=True)
-            self._forget(sb)
+            self.sandboxes.forget(sb)
             self.sandboxes.release(sb.name, sb.id)
             self._publish(sb, events.DELETED)
         self.sandboxes.unlock(sb.id)

@@ -1,4 +1,5 @@
-"""The in-memory index of one kind of record (pods, containers), shared by both managers.
+"""The records of one kind (pods, containers), shared by both managers: written through
+to the store (`save`, `forget`) and indexed in memory.
 
 Reads are answered from here, never from SQLite: a record by ID (the mapping itself),
 by any unique ID prefix (crictl's), by the pod it belongs to (a pod's status reads its
@@ -17,21 +18,30 @@ from typing import Generic, Protocol, TypeVar
 
 from pycri.errors import AlreadyExists, NotFound
 from pycri.names import resolve_prefix
+from pycri.store.db import Record, Store
 
 
-class Identified(Protocol):
+class Stored(Protocol):
+    """A record: its ID, how many times it was written, and its stored form."""
+
     @property
     def id(self) -> str: ...
 
+    revision: int
 
-R = TypeVar("R", bound=Identified)
+    def to_record(self) -> Record: ...
+
+
+R = TypeVar("R", bound=Stored)
 
 
 class Records(Mapping[str, R], Generic[R]):
     """Records by exact ID (the Mapping), unique prefix, pod and reserved name."""
 
-    def __init__(self, what: str, pod_of: Callable[[R], str] | None = None) -> None:
+    def __init__(self, what: str, store: Store, kind: str,
+                 pod_of: Callable[[R], str] | None = None) -> None:
         self.what = what  # "container", "pod sandbox": how errors name a record
+        self._store, self._kind = store, kind
         self._by_id: dict[str, R] = {}
         self._pod_of = pod_of
         self._by_pod: dict[str, dict[str, R]] = {}
@@ -66,7 +76,23 @@ class Records(Mapping[str, R], Generic[R]):
 
     # -- change ---------------------------------------------------------------
 
+    def save(self, r: R) -> None:
+        """Write `r` through to the store (its revision counts the writes), then index it."""
+        r.revision += 1
+        self._store.put(self._kind, r.id, r.to_record())
+        self.put(r)
+
+    def forget(self, r: R) -> None:
+        """Delete `r` from the store and the index (its name stays reserved)."""
+        self._store.delete(self._kind, r.id)
+        self.drop(r)
+
+    def load(self, build: Callable[[str, Record], R]) -> list[R]:
+        """The stored records of this kind, each built by `build` (at start)."""
+        return self._store.load(self._kind, build)
+
     def put(self, r: R) -> None:
+        """Index `r` as it is (loaded from the store, or rebuilt in memory)."""
         self._by_id[r.id] = r
         if self._pod_of is not None:
             self._by_pod.setdefault(self._pod_of(r), {})[r.id] = r

@@ -1,19 +1,32 @@
-"""store/records.py: the one index both managers keep their records in (by ID, unique
-prefix, pod and reserved name, with a lock each), on real pod and container records."""
+"""store/records.py: the one store both managers keep their records in (written through
+to SQLite; by ID, unique prefix, pod and reserved name, with a lock each), on real pod
+and container records and a real database."""
 
 from __future__ import annotations
 
 import asyncio
 import secrets
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.errors import AlreadyExists, InvalidArgument, NotFound
+from pycri.store import Store
+from pycri.store.container import KIND as CONTAINER
 from pycri.store.container import Container
 from pycri.store.records import Records
+from pycri.store.sandbox import KIND as SANDBOX
 from pycri.store.sandbox import Sandbox
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Store]:
+    store = Store(tmp_path / "pycri.db")
+    yield store
+    store.close()
 
 
 def pod(sid: str = "") -> Sandbox:
@@ -29,12 +42,29 @@ def container(pod_id: str, cid: str = "") -> Container:
                      created_at=time.time_ns(), log_path="")
 
 
-def containers() -> Records[Container]:
-    return Records("container", lambda c: c.sandbox_id)
+def containers(db: Store) -> Records[Container]:
+    return Records("container", db, CONTAINER, lambda c: c.sandbox_id)
 
 
-def test_lookup_by_id_and_unique_prefix() -> None:
-    records = containers()
+def test_saved_records_are_written_through_and_load_back(db: Store) -> None:
+    records = containers(db)
+    a, b = container("pod1"), container("pod2")
+    records.save(a)
+    records.save(a)
+    records.save(b)
+    assert a.revision == 2 and records[a.id] is a
+    again = containers(db)
+    for c in again.load(Container.from_record):
+        again.put(c)
+    assert sorted(again) == sorted([a.id, b.id])
+    assert again[a.id].config == a.config and again.of_pod("pod2")[0].id == b.id
+    records.forget(a)
+    assert a.id not in records and records.of_pod("pod1") == []
+    assert [c.id for c in containers(db).load(Container.from_record)] == [b.id]
+
+
+def test_lookup_by_id_and_unique_prefix(db: Store) -> None:
+    records = containers(db)
     a, b = container("p", "abc1" + "0" * 60), container("p", "abd2" + "0" * 60)
     records.put(a)
     records.put(b)
@@ -49,8 +79,8 @@ def test_lookup_by_id_and_unique_prefix() -> None:
     assert records.find("ff") is None and records.get("abc") is None  # Mapping: exact only
 
 
-def test_by_pod_follows_put_and_drop() -> None:
-    records = containers()
+def test_by_pod_follows_put_and_drop(db: Store) -> None:
+    records = containers(db)
     p1, p2 = container("pod1"), container("pod1")
     other = container("pod2")
     for c in (p1, p2, other):
@@ -63,8 +93,8 @@ def test_by_pod_follows_put_and_drop() -> None:
     records.drop(p1)  # twice is nothing
 
 
-def test_a_name_is_held_by_one_record_until_it_releases_it() -> None:
-    records: Records[Sandbox] = Records("pod sandbox")
+def test_a_name_is_held_by_one_record_until_it_releases_it(db: Store) -> None:
+    records: Records[Sandbox] = Records("pod sandbox", db, SANDBOX)
     records.reserve("p_n_u_0", "one")
     records.reserve("p_n_u_0", "one")  # the holder again: fine
     with pytest.raises(AlreadyExists, match="pod sandbox name 'p_n_u_0' is reserved for one"):
@@ -76,9 +106,9 @@ def test_a_name_is_held_by_one_record_until_it_releases_it() -> None:
     records.reserve("p_n_u_0", "two")
 
 
-def test_held_looks_the_record_up_again_once_the_lock_is_held() -> None:
+def test_held_looks_the_record_up_again_once_the_lock_is_held(db: Store) -> None:
     """Ten removals queued on one lock: only the first finds the record."""
-    records: Records[Sandbox] = Records("pod sandbox")
+    records: Records[Sandbox] = Records("pod sandbox", db, SANDBOX)
     sb = pod()
     records.put(sb)
     found: list[Sandbox | None] = []
@@ -98,8 +128,8 @@ def test_held_looks_the_record_up_again_once_the_lock_is_held() -> None:
     assert records.find(sb.id) is None
 
 
-def test_unlock_forgets_the_lock_of_a_record_gone_for_good() -> None:
-    records = containers()
+def test_unlock_forgets_the_lock_of_a_record_gone_for_good(db: Store) -> None:
+    records = containers(db)
     first = records.lock("x")
     assert records.lock("x") is first
     records.unlock("x")
