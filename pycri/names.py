@@ -7,7 +7,7 @@ The kubelet addresses pods and containers by ID, crictl by any unique prefix
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
 from pycri.api import api_pb2 as pb
@@ -39,18 +39,26 @@ class Listed(Protocol):
     def id(self) -> str: ...
 
     @property
+    def state(self) -> int: ...
+
+    @property
     def config(self) -> pb.PodSandboxConfig | pb.ContainerConfig: ...
 
 
 L = TypeVar("L", bound=Listed)
+Filter = (pb.PodSandboxFilter | pb.PodSandboxStatsFilter | pb.ContainerFilter
+          | pb.ContainerStatsFilter)
 
 
-def filtered(records: list[L], id_prefix: str, selector: Mapping[str, str]) -> list[L]:
-    """The records whose ID starts with `id_prefix` and whose labels hold every key of
-    `selector` with its value (CRI label selectors are plain equality)."""
-    if id_prefix:
-        records = [r for r in records if r.id.startswith(id_prefix)]
-    if selector:
-        records = [r for r in records
-                   if all(r.config.labels.get(k) == v for k, v in selector.items())]
+def filtered(records: list[L], flt: Filter) -> list[L]:
+    """The records a List call's filter lets through: ID prefix, state (where the filter
+    has one) and labels holding every key of the selector with its value (CRI label
+    selectors are plain equality)."""
+    if flt.id:
+        records = [r for r in records if r.id.startswith(flt.id)]
+    if "state" in flt.DESCRIPTOR.fields_by_name and flt.HasField("state"):
+        records = [r for r in records if r.state == flt.state.state]  # type: ignore[union-attr]
+    if flt.label_selector:
+        records = [r for r in records if all(r.config.labels.get(k) == v
+                                             for k, v in flt.label_selector.items())]
     return records

@@ -16,7 +16,7 @@ from pycri.store.sandbox import Sandbox
 def pod(sid: str, **labels: str) -> Sandbox:
     cfg = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name=sid), labels=labels)
     return Sandbox(id=sid, config=cfg, handler="runc", runtime_handler="",
-                   created_at=time.time_ns())
+                   created_at=time.time_ns(), state=pb.SANDBOX_READY)
 
 
 def test_new_ids_are_64_hex_and_differ() -> None:
@@ -33,11 +33,19 @@ def test_resolve_prefix() -> None:
         resolve_prefix("", ids, "container")
 
 
-def test_filtered_by_id_prefix_and_every_selector_key() -> None:
+def test_filtered_by_id_prefix_state_and_every_selector_key() -> None:
     pods = [pod("aa1", app="web", tier="front"), pod("aa2", app="web"), pod("bb1", app="db")]
-    assert filtered(pods, "", {}) == pods
-    assert [p.id for p in filtered(pods, "aa", {})] == ["aa1", "aa2"]
-    assert [p.id for p in filtered(pods, "", {"app": "web"})] == ["aa1", "aa2"]
-    assert [p.id for p in filtered(pods, "aa", {"app": "web", "tier": "front"})] == ["aa1"]
-    assert filtered(pods, "bb", {"app": "web"}) == []
-    assert filtered(pods, "", {"app": ""}) == []  # an empty value must be there too
+    pods[1].state = pb.SANDBOX_NOTREADY
+
+    def ids(flt: pb.PodSandboxFilter | pb.PodSandboxStatsFilter) -> list[str]:
+        return [p.id for p in filtered(pods, flt)]
+
+    assert ids(pb.PodSandboxFilter()) == ["aa1", "aa2", "bb1"]
+    assert ids(pb.PodSandboxFilter(id="aa")) == ["aa1", "aa2"]
+    assert ids(pb.PodSandboxFilter(label_selector={"app": "web"})) == ["aa1", "aa2"]
+    assert ids(pb.PodSandboxFilter(id="aa", label_selector={"tier": "front"})) == ["aa1"]
+    assert ids(pb.PodSandboxFilter(state=pb.PodSandboxStateValue(
+        state=pb.SANDBOX_NOTREADY))) == ["aa2"]
+    assert ids(pb.PodSandboxFilter(state=pb.PodSandboxStateValue())) == ["aa1", "bb1"]
+    assert ids(pb.PodSandboxStatsFilter(id="bb", label_selector={"app": "web"})) == []
+    assert ids(pb.PodSandboxStatsFilter(label_selector={"app": ""})) == []  # must be there

@@ -33,9 +33,7 @@ class ContainerQueries(ContainerBase):
             return out
         if flt.pod_sandbox_id:
             out = [c for c in out if c.sandbox_id.startswith(flt.pod_sandbox_id)]
-        if isinstance(flt, pb.ContainerFilter) and flt.HasField("state"):
-            out = [c for c in out if c.state == flt.state.state]
-        return filtered(out, flt.id, flt.label_selector)
+        return filtered(out, flt)
 
     def verbose_info(self, c: Container) -> dict[str, str]:
         info = {

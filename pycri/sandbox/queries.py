@@ -24,9 +24,7 @@ class Queries(SandboxBase):
             out = [s for s in out if s.id not in self._running]
         if flt is None:
             return out
-        if isinstance(flt, pb.PodSandboxFilter) and flt.HasField("state"):
-            out = [s for s in out if s.state == flt.state.state]
-        return filtered(out, flt.id, flt.label_selector)
+        return filtered(out, flt)
 
     def verbose_info(self, sb: Sandbox) -> dict[str, str]:
         info = {
