@@ -17,7 +17,8 @@ import pytest
 from pycri import errors
 from pycri.api import api_pb2 as pb
 from pycri.image.content import ContentStore
-from pycri.image.manager import IMAGE, _first_error
+from pycri.image.manager import IMAGE
+from pycri.image.pull import _first_error
 from pycri.image.unpack import unpack_layer
 from pycri.server.errors import status_code
 from tests.image.conftest import Maker, serve
