@@ -41,9 +41,9 @@ from pycri.logs import setup_logging
 from pycri.monitor.probe import start_time
 from pycri.monitor.reaper import Reaper
 from pycri.network import CNIManager
-from pycri.nri import adjust
 from pycri.nri import domain as nri_domain
 from pycri.nri.adaptation import Adaptation
+from pycri.nri.resources import apply_updates
 from pycri.oci import mounts, userns
 from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
@@ -196,7 +196,7 @@ class Daemon:
         containers = ContainerManager(cfg, store, launcher, sandboxes, images, bus)
         sandboxes.containers = containers
         domain: nri_domain.Containers = containers  # what NRI may do to containers
-        nri.apply_updates = functools.partial(adjust.apply_updates, domain)
+        nri.apply_updates = functools.partial(apply_updates, domain)
         launcher.on_exit(sandboxes.on_exit)
         launcher.on_exit(containers.on_exit)
         # Serve first, recheck after (pycri/recovery.py): only the records are loaded,

@@ -24,7 +24,7 @@ from pycri.criu import archive, creds
 from pycri.errors import FailedPrecondition, InvalidArgument, NotFound, step
 from pycri.image.snapshots import Idmap, resolve_within
 from pycri.names import new_id
-from pycri.nri import adjust
+from pycri.nri.apply import apply_adjustment
 from pycri.oci import mounts, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.store.container import Container
@@ -194,7 +194,7 @@ class ContainerCreate(ContainerSpec):
                 # CDI devices a plugin names resolve like the request's own (files read:
                 # off the loop).
                 doc = await asyncio.to_thread(
-                    adjust.apply_adjustment, doc, adjustment, cdi=self.cdi.inject)
+                    apply_adjustment, doc, adjustment, cdi=self.cdi.inject)
         c.cgroups_path = doc["linux"].get("cgroupsPath", "")
         # After the plugins: the mounts they add are pinned like any other.
         async with step("checking the image's rootfs"):

@@ -16,7 +16,8 @@ from pycri.container.base import RUNNING_STATES, ContainerBase, _to_json
 from pycri.errors import FailedPrecondition, NotFound
 from pycri.monitor.execsync import ExecResult, exec_sync
 from pycri.names import filtered
-from pycri.nri import adjust, convert
+from pycri.nri import convert
+from pycri.nri.resources import to_cri_resources
 from pycri.oci import spec
 from pycri.store.container import Container
 
@@ -64,7 +65,7 @@ class ContainerQueries(ContainerBase):
             resources = change(recorded)
             own = await self.nri.update_container(c, convert.cri_resources(resources))
             if own is not None:  # what the plugins changed in it
-                resources = adjust.to_cri_resources(resources, own)
+                resources = to_cri_resources(resources, own)
             await self.launcher.runtime(c.handler).update(c.id, spec.resources_to_oci(resources))
             c.resources = json.loads(_to_json(resources))
             self.containers.save(c)

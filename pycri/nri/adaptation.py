@@ -39,9 +39,11 @@ from pycri import __version__
 from pycri.api import api_pb2 as pb
 from pycri.config import NRIConfig
 from pycri.errors import InvalidArgument, PycriError
-from pycri.nri import adjust, convert, launch
+from pycri.nri import convert, launch
 from pycri.nri.api import api_pb2 as api
+from pycri.nri.checks import AdjustmentError
 from pycri.nri.link import NRIPluginError, PluginLink
+from pycri.nri.merge import merge_adjustments, merge_updates, take_update
 from pycri.store.container import Container
 from pycri.store.sandbox import Sandbox
 
@@ -470,9 +472,9 @@ class Adaptation:
                                          container=convert.container(c, spec))
         replies = await self._call(api.CREATE_CONTAINER, "CreateContainer", req,
                                    api.CreateContainerResponse, refuse=True)
-        adjustment = adjust.merge_adjustments([(n, r.adjust) for n, r in replies])
-        await self._apply(adjust.merge_updates([(n, r.update) for n, r in replies],
-                                               creating=c.id))
+        adjustment = merge_adjustments([(n, r.adjust) for n, r in replies])
+        await self._apply(merge_updates([(n, r.update) for n, r in replies],
+                                        creating=c.id))
         return adjustment
 
     async def undo_create_container(self, c: Container) -> None:
@@ -509,8 +511,7 @@ class Adaptation:
                                        container=self._container(c),
                                        linux_resources=resources),
                                    api.UpdateContainerResponse, refuse=True)
-        own, others = adjust.take_update(
-            adjust.merge_updates([(n, r.update) for n, r in replies]), c.id)
+        own, others = take_update(merge_updates([(n, r.update) for n, r in replies]), c.id)
         await self._apply(others)
         return own
 
@@ -547,8 +548,8 @@ class Adaptation:
 
     async def _apply_replied(self, replies: Sequence[tuple[str, Any]]) -> None:
         try:
-            updates = adjust.merge_updates([(n, r.update) for n, r in replies])
-        except adjust.AdjustmentError as e:  # the stop goes on; the updates do not
+            updates = merge_updates([(n, r.update) for n, r in replies])
+        except AdjustmentError as e:  # the stop goes on; the updates do not
             log.error("NRI: %s", e)
             return
         await self._apply(updates)

@@ -9,16 +9,11 @@ from typing import Any
 import pytest
 
 from pycri.api import api_pb2 as pb
-from pycri.nri.adjust import (
-    AdjustmentConflict,
-    AdjustmentError,
-    apply_adjustment,
-    merge_adjustments,
-    merge_updates,
-    take_update,
-    to_cri_resources,
-)
 from pycri.nri.api import api_pb2 as api
+from pycri.nri.apply import apply_adjustment
+from pycri.nri.checks import AdjustmentConflict, AdjustmentError
+from pycri.nri.merge import merge_adjustments, merge_updates, take_update
+from pycri.nri.resources import to_cri_resources
 from tests.oci.specutil import build, mount_at
 
 MiB = 1024 * 1024
