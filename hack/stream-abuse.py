@@ -100,7 +100,7 @@ class Run:
         for t in tasks:
             t.cancel()
         for f in floods:
-            await f.raw.close()
+            await f.raw.abort()
         name = f"{transport} {frame} to {cmd[-1].split()[0]} x{self.args.flooders}"
         print(f"  {name}: Version p99 {p99 * 1000:.0f} ms meanwhile; "
               f"taken {[f.sent for f in floods]}")

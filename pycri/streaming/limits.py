@@ -95,10 +95,14 @@ class Pacer:
         self.slice = slice_seconds
         self._since = time.monotonic()
 
+    def restart(self) -> None:
+        """The read loop got new input (it usually waited for it): its work starts now."""
+        self._since = time.monotonic()
+
     async def tick(self) -> None:
         """Called after each frame; yields once the slice is used up. What is charged is
-        the time since the last yield, at most two slices: the loop may have waited in
-        between (for room in a buffer, for a write), and that was not its work."""
+        the time since the last yield or input, at most two slices: the loop may have
+        waited in between (for room in a buffer, for a write), and that was not work."""
         worked = time.monotonic() - self._since
         if worked >= self.slice:
             await asyncio.sleep(self.share.charge(min(worked, 2 * self.slice)))

@@ -295,6 +295,7 @@ class Session:
                 data = await self.reader.read(65536)
                 if not data:
                     break
+                pacer.restart()
                 self.codec.receive(data)
                 for frame in self.codec.frames():
                     await self._dispatch(frame)

@@ -156,6 +156,7 @@ class Connection:
         try:
             while self.abuse is None:
                 data = await self.reader.read(65536)
+                pacer.restart()
                 self.ws.receive_data(data or None)
                 for event in self.ws.events():  # parsed one at a time, as taken
                     await self._dispatch(event)

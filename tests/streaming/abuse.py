@@ -99,6 +99,15 @@ class Raw:
         self.writer.close()
         with contextlib.suppress(Exception):
             await self.writer.wait_closed()
+        await self._stop()
+
+    async def abort(self) -> None:
+        """Hang up at once, dropping what the server has not read yet (a flood's backlog
+        would take it long to read, and a graceful close waits for that)."""
+        self.writer.transport.abort()
+        await self._stop()
+
+    async def _stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -206,15 +215,6 @@ async def taken(pid: int, floods: list[Flood], seconds: float, still: float = 1.
         await asyncio.sleep(still)
         if sum(f.sent for f in floods) == sent and cpu_seconds(pid) - cpu < still / 10:
             return
-
-
-async def progress(floods: list[Flood], since: list[int], seconds: float) -> None:
-    """Wait (at most `seconds`) until the server took more from every flood than `since`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + seconds
-    while loop.time() < deadline and any(
-            f.sent <= s for f, s in zip(floods, since, strict=True)):  # fmt: skip
-        await asyncio.sleep(0.1)
 
 
 async def open_channels(raw: Raw, kinds: list[str]) -> int:

@@ -93,7 +93,7 @@ def test_tiny_messages_on_an_unread_channel_stay_within_the_bound(node: Node, tr
             for t in tasks:
                 t.cancel()
             for f in floods:
-                await f.raw.close()
+                await f.raw.abort()
         return base, during, [f.sent for f in floods], version
 
     base, during, sent, version = asyncio.run(attack())
@@ -110,26 +110,27 @@ def test_tiny_frames_that_are_read_do_not_hold_the_event_loop(node: Node, transp
     # three clients send them, for the whole measurement.
     cid = sleeper(node, f"busy-{transport}")
 
-    async def attack() -> tuple[float, list[int], list[int]]:
+    async def attack() -> tuple[float, float, float]:
         floods = [await stdin_flood(exec_url(node, cid, ["sh", "-c", "cat >/dev/null"]),
                                     transport, b"z") for _ in range(CONNECTIONS)]  # fmt: skip
         tasks = [asyncio.create_task(f.run(10**9)) for f in floods]
         try:
             await asyncio.sleep(1)
-            before = [f.sent for f in floods]
+            start, cpu = time.monotonic(), abuse.cpu_seconds(pid(node))
             p99 = await asyncio.to_thread(version_p99, node)
+            busy, took = abuse.cpu_seconds(pid(node)) - cpu, time.monotonic() - start
+            # Still flooding: no sender is done, no connection closed.
             assert not any(t.done() for t in tasks), "a flood ended during the measurement"
-            await abuse.progress(floods, before, 10)
-            after = [f.sent for f in floods]
         finally:
             for t in tasks:
                 t.cancel()
             for f in floods:
-                await f.raw.close()
-        return p99, before, after
+                await f.raw.abort()
+        return p99, busy, took
 
-    p99, before, after = asyncio.run(attack())
-    assert all(a > b for a, b in zip(after, before, strict=True)), (before, after)
+    p99, busy, took = asyncio.run(attack())
+    # The daemon worked on the floods throughout (read loops may take half its time).
+    assert busy > took / 10, f"the daemon used {busy:.1f} s of CPU in {took:.1f} s"
     assert p99 < P99, f"Version p99 {p99 * 1000:.0f} ms while {CONNECTIONS} connections flood"
 
 
@@ -158,14 +159,14 @@ def test_control_frame_floods_close_the_connection(node: Node, kind: str) -> Non
         floods = [abuse.Flood(raw, CONTROL_FLOODS[kind]) for raw in raws]
         tasks = [asyncio.create_task(f.run(2_000_000)) for f in floods]
         try:
-            p99 = await asyncio.to_thread(version_p99, node, 50)
+            p99 = await asyncio.to_thread(version_p99, node)
             for raw in raws:
                 await raw.wait_closed(20)
         finally:
             for t in tasks:
                 t.cancel()
             for raw in raws:
-                await raw.close()
+                await raw.abort()
         return p99, raws
 
     p99, raws = asyncio.run(attack())
