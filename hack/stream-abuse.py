@@ -9,12 +9,16 @@ Version did not answer within 5 s.
 
     hack/stream-abuse.py --socket /run/pycri/pycri.sock --pid $(cat /run/pycri/pycri.pid) \\
         --container <running container id> [--pod <host-network pod id>] --syn 200000
+
+The tiny-message and ping floods (issue 22, part 5) run `--flooders` connections at once,
+over WebSocket and SPDY, and print Version's p99 while they last.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import resource
 import socket
 import sys
@@ -27,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import grpc
 
 from pycri.api import api_pb2 as pb
+from pycri.streaming import spdy
 from tests.conftest import CRIClient
 from tests.streaming import abuse
 
@@ -59,9 +64,48 @@ class Run:
         print(f"{name:28} rss +{rss / 1024:7.1f} MiB  fds +{fds:5d}  session closed: "
               f"{closed}  Version {v * 1000:.0f} ms{'  OVER BOUND' if bad else ''}")
 
-    def exec_url(self) -> str:
+    def exec_url(self, cmd: tuple[str, ...] = ("sleep", "60")) -> str:
         return self.cri.runtime.Exec(pb.ExecRequest(container_id=self.args.container,
-                                                    cmd=["sleep", "60"], stdout=True)).url
+                                                    cmd=list(cmd), stdin=True,
+                                                    stdout=True)).url  # fmt: skip
+
+    def version_p99(self, calls: int = 100) -> float:
+        took = sorted(self.version_seconds() for _ in range(calls))
+        return took[math.ceil(0.99 * calls) - 1]
+
+    async def flood_connection(self, transport: str, frame: str, cmd: tuple[str, ...]
+                               ) -> abuse.Flood:  # fmt: skip
+        """An exec connection and the unit it floods with: a tiny stdin message or a ping."""
+        url = self.exec_url(cmd)
+        if transport == "websocket":
+            ws = await abuse.upgrade_ws(url, ["v5.channel.k8s.io"])
+            unit = (abuse.ws_frame(abuse.WS_PING) if frame == "ping"
+                    else abuse.ws_frame(abuse.WS_BINARY, b"\0xy"))  # fmt: skip
+            return abuse.Flood(ws, unit)
+        raw = await abuse.upgrade(url, ["v4.channel.k8s.io"])
+        await abuse.open_channels(raw, ["error", "stdin", "stdout"])
+        unit = raw.codec.encode(spdy.Ping(1) if frame == "ping" else spdy.DataFrame(3, b"xy"))
+        return abuse.Flood(raw, unit)
+
+    async def tiny(self, transport: str, frame: str, cmd: tuple[str, ...]) -> None:
+        """`--flooders` connections sending `--tiny` frames each: Version's p99 while they
+        go on, and what the daemon holds once it stopped taking them."""
+        floods = [await self.flood_connection(transport, frame, cmd)
+                  for _ in range(self.args.flooders)]  # fmt: skip
+        tasks = [asyncio.create_task(f.run(self.args.tiny)) for f in floods]
+        p99 = await asyncio.to_thread(self.version_p99)
+        await abuse.taken(self.args.pid, floods, 120)
+        during = abuse.usage(self.args.pid)
+        closed = all(f.raw.closed.is_set() for f in floods)
+        for t in tasks:
+            t.cancel()
+        for f in floods:
+            await f.raw.abort()
+        name = f"{transport} {frame} to {cmd[-1].split()[0]} x{self.args.flooders}"
+        print(f"  {name}: Version p99 {p99 * 1000:.0f} ms meanwhile; "
+              f"taken {[f.sent for f in floods]}")
+        self.failed |= p99 > 0.1
+        self.report(name, closed, during)
 
     async def syn(self, fin: bool) -> None:
         raw = await abuse.syn_flood(self.exec_url(), self.args.syn, fin=fin, unidirectional=fin,
@@ -134,6 +178,8 @@ def main() -> int:
     ap.add_argument("--data-frames", type=int, default=31)
     ap.add_argument("--idle", type=int, default=20_000)
     ap.add_argument("--pairs", type=int, default=1500)
+    ap.add_argument("--tiny", type=int, default=600_000, help="frames per flooding connection")
+    ap.add_argument("--flooders", type=int, default=3)
     ap.add_argument("--max-rss-mib", type=float, default=200)
     ap.add_argument("--max-extra-fds", type=int, default=300)
     args = ap.parse_args()
@@ -146,6 +192,10 @@ def main() -> int:
     asyncio.run(run.data())
     run.idle()
     asyncio.run(run.slow())
+    for transport in ("websocket", "spdy"):
+        asyncio.run(run.tiny(transport, "data", ("sleep", "60")))  # stdin never read
+        asyncio.run(run.tiny(transport, "data", ("sh", "-c", "cat >/dev/null")))
+        asyncio.run(run.tiny(transport, "ping", ("sleep", "60")))
     if args.pod:
         asyncio.run(run.pairs(hold_connections()))
     return 1 if run.failed else 0

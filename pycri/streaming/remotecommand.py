@@ -72,6 +72,11 @@ class Options:
     tty: bool
 
 
+# Terminal sizes parsed and not yet applied: past them the resize channel is not read,
+# and its input waits in its bounded buffer (a flood of sizes is not queued for ever).
+MAX_PENDING_RESIZES = 16
+
+
 @dataclass
 class StreamIO:
     """What an exec or attach backend sees: the channels, independent of the transport."""
@@ -80,7 +85,8 @@ class StreamIO:
     stdin: ByteReader | None = None
     stdout: ByteWriter | None = None
     stderr: ByteWriter | None = None
-    resizes: asyncio.Queue[TerminalSize] = field(default_factory=asyncio.Queue)
+    resizes: asyncio.Queue[TerminalSize] = field(
+        default_factory=lambda: asyncio.Queue(MAX_PENDING_RESIZES))
 
 
 Handler = Callable[[StreamIO], Awaitable[int]]
@@ -144,7 +150,7 @@ async def _pump_resizes(stream: ByteReader, queue: asyncio.Queue[TerminalSize]) 
     while chunk := await stream.read():
         buf += chunk
         for size in parse_sizes(buf):
-            queue.put_nowait(size)
+            await queue.put(size)
         if len(buf) > MAX_RESIZE_BACKLOG:  # no size message is this long: drop the garbage
             buf.clear()
 
@@ -236,7 +242,8 @@ async def serve_websocket(conn: websocket.Connection, protocol: str, opts: Optio
     pycri.streaming.websocket): the channels exist from the start, so kubelet's empty
     message on the first output channel tells the client they are ready."""
     version = WEBSOCKET_PROTOCOLS[protocol]
-    inputs = [RESIZE] + ([STDIN] if opts.stdin else [])
+    # Only channels something reads take input (a resize without a tty is dropped).
+    inputs = ([RESIZE] if opts.tty else []) + ([STDIN] if opts.stdin else [])
     mux = websocket.ChannelMux(conn, protocol, inputs, close_signal=version == V5)
     conn.start(mux)
     channels = Channels(

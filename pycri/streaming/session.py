@@ -5,8 +5,10 @@ role exists for pycri's own tests). Flow control is not enforced: spdystream, th
 only client that speaks SPDY to a CRI streaming server, neither sends nor honours
 WINDOW_UPDATE, so data is buffered as it arrives and written as it is produced.
 What a peer can make a session hold is bounded instead: bytes unread per stream and
-per session (past them the session stops reading, and TCP pushes back), and streams
-of every kind; a peer that keeps opening refused streams has the session closed.
+per session (pycri.streaming.inbox: past them the session stops reading, and TCP pushes
+back), and streams of every kind; a peer that keeps opening refused streams, or sends
+control frames past limits.CONTROL_BURST, has the session closed. The read loop parses
+one frame at a time and yields to the event loop every limits.SLICE.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import logging
 from typing import Protocol
 
 from pycri.streaming import spdy
+from pycri.streaming.inbox import MAX_SESSION_BUFFER, Inbox, Pool
+from pycri.streaming.limits import Pacer, Rate
 
 log = logging.getLogger(__name__)
 
@@ -24,18 +28,19 @@ CHUNK = 32 * 1024
 # After our last frame, how long the peer gets to read everything and hang up.
 LINGER = 10.0
 
-
-# Received bytes one stream may hold unread; past that the session stops reading the
-# connection, so TCP pushes back on a client sending faster than we consume.
-MAX_STREAM_BUFFER = 1 << 20
-# The same for all of a session's streams together, so many streams cannot multiply it.
-MAX_SESSION_BUFFER = 16 << 20
 # Streams one session may hold at once, counting half-closed ones and ones the
 # application has not accepted yet (exec uses up to 5, port-forward 2 per connection).
 MAX_STREAMS = 128
 # At that bound with streams not yet accepted, how long the application gets to take
 # them (a burst of honest opens outruns it) before new ones are refused.
 ACCEPT_GRACE = 2.0
+
+
+# Frames that neither open nor end a stream nor carry its data: each costs a parse (a
+# header block inflated, for SYN_REPLY and HEADERS) and a PING an answer, so a session
+# takes only so many (limits.Rate).
+CONTROL = (spdy.SynReply, spdy.HeadersFrame, spdy.Settings, spdy.Ping, spdy.GoAway,
+           spdy.WindowUpdate, spdy.Unknown)
 
 
 class Reader(Protocol):
@@ -90,8 +95,7 @@ class Stream:
         self.session = session
         self.id = stream_id
         self.headers = headers
-        self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
-        self._buffered = 0
+        self.input = Inbox(session.pool)
         self.remote_done = False
         self.local_done = False
         self.was_reset = False
@@ -106,12 +110,7 @@ class Stream:
         return values[0] if values else ""
 
     async def read(self) -> bytes:
-        if self.remote_done and self._chunks.empty():
-            return b""
-        chunk = await self._chunks.get()
-        self._buffered -= len(chunk)
-        self.session._consumed(len(chunk))
-        return chunk
+        return await self.input.read()
 
     async def read_all(self) -> bytes:
         out = bytearray()
@@ -140,33 +139,21 @@ class Stream:
         self._on_reset()
         await self.session.send(spdy.RstStream(self.id, status))
 
-    def _discard(self) -> None:
-        """Drop what was received and never read (the stream is gone)."""
-        while not self._chunks.empty():
-            self.session._consumed(len(self._chunks.get_nowait()))
-        self._buffered = 0
-
     # -- fed by the session --------------------------------------------------------
 
     async def _on_data(self, data: bytes, fin: bool) -> None:
         if self.remote_done:
             return
-        if data:
-            # Backpressure: the session reads no further until this stream, and the
-            # session as a whole, are back under their bounds.
-            await self.session._room_for(self, len(data))
-            if self.remote_done:
-                return
-            self._buffered += len(data)
-            self.session.buffered += len(data)
-            self._chunks.put_nowait(data)
+        # Backpressure: the session reads no further until this stream, and the session
+        # as a whole, are back under their bounds (an ended input drops it).
+        await self.input.put(data)
         if fin:
             self._on_remote_fin()
 
     def _on_remote_fin(self) -> None:
         if not self.remote_done:
             self.remote_done = True
-            self._chunks.put_nowait(b"")
+            self.input.end()
             self.session.forget_if_done(self)
 
     def _on_reset(self) -> None:
@@ -174,8 +161,7 @@ class Stream:
         self.local_done = True
         self.replied.set()
         self.aborted.set()
-        self._on_remote_fin()
-        self.session._consumed(0)  # wake a read loop waiting for room in this stream
+        self._on_remote_fin()  # a read loop waiting for room in this stream goes on
 
 
 class Session:
@@ -194,9 +180,8 @@ class Session:
         self.writer = writer
         self.server = server
         self.max_streams = max_streams
-        self.max_buffer = max_buffer
-        self.buffered = 0  # bytes received on all streams, not yet read
-        self._space = asyncio.Event()
+        self.pool = Pool(max_buffer)  # bytes received on all streams, not yet read
+        self._control = Rate()
         self._refused = 0
         self._taken = asyncio.Event()  # the application accepted a stream
         self._stalled = False  # it let a grace period pass without accepting any
@@ -236,7 +221,7 @@ class Session:
             self.forget_if_done(stream)
             if not stream.was_reset:
                 return stream
-            stream._discard()
+            stream.input.discard()
         self.incoming.put_nowait(None)  # every later accept() sees the end too
         return None
 
@@ -279,21 +264,6 @@ class Session:
             self._reader_task.cancel()
         self._end()
 
-    async def _room_for(self, stream: Stream, size: int) -> None:
-        """Wait until `size` more bytes fit in `stream` and in the session (a frame
-        bigger than a bound still goes through alone, so nothing waits forever on an
-        empty buffer)."""
-        while not stream.was_reset and not self.closed.is_set() and (
-            (stream._buffered and stream._buffered + size > MAX_STREAM_BUFFER)
-            or (self.buffered and self.buffered + size > self.max_buffer)
-        ):
-            self._space.clear()
-            await self._space.wait()
-
-    def _consumed(self, size: int) -> None:
-        self.buffered -= size
-        self._space.set()
-
     async def close(self, linger: float = LINGER) -> None:
         """Say GOAWAY, stop writing, then hang up (hang_up)."""
         if not self.writer.is_closing():
@@ -308,7 +278,7 @@ class Session:
         if self.closed.is_set():
             return
         self.closed.set()
-        self._space.set()
+        self.pool.close()
         for stream in list(self.streams.values()):
             stream._on_remote_fin()
             stream.replied.set()
@@ -319,13 +289,17 @@ class Session:
                 fut.set_exception(ConnectionResetError("session closed"))
 
     async def _read_loop(self) -> None:
+        pacer = Pacer()
         try:
             while True:
                 data = await self.reader.read(65536)
                 if not data:
                     break
-                for frame in self.codec.feed(data):
+                pacer.restart()
+                self.codec.receive(data)
+                for frame in self.codec.frames():
                     await self._dispatch(frame)
+                    await pacer.tick()
         except spdy.SpdyError as e:
             log.info("SPDY protocol error from peer: %s", e)
             with contextlib.suppress(Exception):
@@ -338,6 +312,10 @@ class Session:
             self._end()
 
     async def _dispatch(self, frame: spdy.Frame) -> None:
+        if isinstance(frame, CONTROL) and not self._control.take():
+            raise Abuse(f"peer sent more than {self._control.burst} control frames at once "
+                        f"(PING, SETTINGS, WINDOW_UPDATE, ...; at most "
+                        f"{self._control.per_second:.0f} a second)")
         if isinstance(frame, spdy.DataFrame):
             stream = self.streams.get(frame.stream_id)
             if stream is not None:
@@ -369,7 +347,8 @@ class Session:
         elif isinstance(frame, spdy.GoAway):
             # The peer opens nothing more; streams already open finish normally.
             self._going_away = True
-        # SETTINGS and WINDOW_UPDATE need no answer: no flow control (module docstring).
+        # SETTINGS and WINDOW_UPDATE need no answer: no flow control (module docstring);
+        # unknown control frames are ignored, as the spec asks.
 
     async def _on_syn_stream(self, frame: spdy.SynStream) -> None:
         sid = frame.stream_id

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from pycri.streaming.limits import MAX_FRAME
@@ -52,6 +53,9 @@ MAX_RECEIVE = MAX_FRAME
 # headers; sessions keep every stream's headers, so these bound what one stream costs.
 MAX_HEADER_BLOCK = 64 * 1024
 MAX_HEADERS = 64
+# Entries of one SETTINGS frame: SPDY/3 defines 8 settings; a frame claiming more only
+# makes the parser build them.
+MAX_SETTINGS = 32
 _ID_MASK = 0x7FFFFFFF
 
 Headers = dict[str, list[str]]
@@ -155,9 +159,16 @@ class WindowUpdate:
     delta: int
 
 
+@dataclass
+class Unknown:
+    """A control frame of a type SPDY/3 does not define: ignored, as the spec asks."""
+
+    frame_type: int
+
+
 Frame = (
     DataFrame | SynStream | SynReply | RstStream | Settings | Ping | GoAway | HeadersFrame
-    | WindowUpdate
+    | WindowUpdate | Unknown
 )
 
 
@@ -255,22 +266,26 @@ class Codec:
     # -- decoding -------------------------------------------------------------------
 
     def feed(self, data: bytes) -> list[Frame]:
-        """Add received bytes; return every frame now complete (unknown types skipped)."""
+        """Add received bytes; return every frame now complete."""
+        self.receive(data)
+        return list(self.frames())
+
+    def receive(self, data: bytes) -> None:
         self._buf += data
-        frames: list[Frame] = []
+
+    def frames(self) -> Iterator[Frame]:
+        """The complete frames received so far, parsed one at a time as they are taken
+        (a reader can yield between frames, and holds one frame, not a read's worth)."""
         while len(self._buf) >= 8:
             (length,) = struct.unpack(">I", b"\0" + self._buf[5:8])
             if length > MAX_RECEIVE:
                 raise SpdyError(f"frame of {length} bytes (limit {MAX_RECEIVE})")
             if len(self._buf) < 8 + length:
-                break
+                return
             head = bytes(self._buf[:8])
             body = bytes(self._buf[8 : 8 + length])
             del self._buf[: 8 + length]
-            frame = self._parse(head, body)
-            if frame is not None:
-                frames.append(frame)
-        return frames
+            yield self._parse(head, body)
 
     def _headers(self, block: bytes) -> Headers:
         try:
@@ -281,7 +296,7 @@ class Codec:
             raise SpdyError(f"header block inflates past {MAX_HEADER_BLOCK} bytes")
         return decode_header_block(raw)
 
-    def _parse(self, head: bytes, body: bytes) -> Frame | None:
+    def _parse(self, head: bytes, body: bytes) -> Frame:
         flags = head[4]
         if not head[0] & 0x80:
             (sid,) = struct.unpack(">I", head[:4])
@@ -304,6 +319,8 @@ class Codec:
                 return RstStream(sid & _ID_MASK, status)
             if ftype == SETTINGS:
                 (count,) = struct.unpack_from(">I", body)
+                if count > MAX_SETTINGS:
+                    raise SpdyError(f"SETTINGS with {count} entries (limit {MAX_SETTINGS})")
                 entries = []
                 for k in range(count):
                     fid, value = struct.unpack_from(">II", body, 4 + 8 * k)
@@ -320,7 +337,7 @@ class Codec:
                 return WindowUpdate(sid & _ID_MASK, delta & _ID_MASK)
         except struct.error:
             raise SpdyError(f"control frame type {ftype} too short ({len(body)} bytes)") from None
-        return None  # unknown control frames are ignored, as the spec asks
+        return Unknown(ftype)
 
 
 def _control(ftype: int, flags: int, body: bytes) -> bytes:

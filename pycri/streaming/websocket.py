@@ -16,8 +16,10 @@ as over SPDY, carried in one of two ways:
 wsproto validates the handshake and does the framing (no extensions are negotiated,
 so nothing inflates). What a peer can make us hold is bounded as on SPDY: a message
 over MAX_FRAME closes the connection with 1009 and the reason, and received bytes wait
-in bounded per-channel and per-connection buffers; past them the read loop stops
-reading, and TCP pushes back.
+in bounded per-channel and per-connection buffers (pycri.streaming.inbox); past them
+the read loop stops reading, and TCP pushes back. Pings and pongs past
+limits.CONTROL_BURST close it with 1008, and the read loop yields to the event loop
+every limits.SLICE, however small the messages.
 """
 
 from __future__ import annotations
@@ -38,27 +40,22 @@ from wsproto.events import (
     Event,
     Message,
     Ping,
+    Pong,
     TextMessage,
 )
 from wsproto.utilities import ProtocolError
 
-from pycri.streaming.limits import MAX_FRAME
-from pycri.streaming.session import (
-    CHUNK,
-    LINGER,
-    MAX_SESSION_BUFFER,
-    MAX_STREAM_BUFFER,
-    Reader,
-    Writer,
-    hang_up,
-)
+from pycri.streaming.inbox import MAX_SESSION_BUFFER, Inbox, Pool
+from pycri.streaming.limits import MAX_FRAME, Pacer, Rate
+from pycri.streaming.session import CHUNK, LINGER, Reader, Writer, hang_up
 
 log = logging.getLogger(__name__)
 
 CLOSE_SIGNAL = 255
 TUNNEL_PREFIX = "SPDY/3.1+"
 # Close codes (RFC 6455 section 7.4.1).
-NORMAL, PROTOCOL_ERROR, UNSUPPORTED, BAD_DATA, TOO_BIG = 1000, 1002, 1003, 1007, 1009
+NORMAL, PROTOCOL_ERROR, UNSUPPORTED, BAD_DATA, POLICY, TOO_BIG = (
+    1000, 1002, 1003, 1007, 1008, 1009)
 # After we closed on an abusive peer, how long its remaining input is read and dropped,
 # so our close frame reaches it instead of being lost to a reset.
 ABORT_LINGER = 2.0
@@ -90,9 +87,8 @@ class Connection:
         self.writer = writer
         self.ws = ws
         self.max_message = max_message
-        self.max_buffer = max_buffer
-        self.buffered = 0  # bytes received on all channels, not yet read
-        self.space = asyncio.Event()
+        self.pool = Pool(max_buffer)  # bytes received on all channels, not yet read
+        self._control = Rate()
         self.closed = asyncio.Event()  # the peer's side is over (close frame, EOF, abort)
         self.abuse: str | None = None  # why we closed on the peer, if we did
         self._message = bytearray()
@@ -127,10 +123,6 @@ class Connection:
         self.send_now(TextMessage(data) if isinstance(data, str) else BytesMessage(data))
         await self.drain()
 
-    def consumed(self, size: int) -> None:
-        self.buffered -= size
-        self.space.set()
-
     def abort(self, code: int, reason: str) -> None:
         """Close on a peer that broke the protocol or a bound: the close frame says why,
         then its input is only read and dropped until it hangs up (ABORT_LINGER at most)."""
@@ -155,19 +147,22 @@ class Connection:
         if self.closed.is_set():
             return
         self.closed.set()
-        self.space.set()
+        self.pool.close()
         if self._receiver is not None:
             self._receiver.end()
 
     async def _read_loop(self) -> None:
+        pacer = Pacer()
         try:
             while self.abuse is None:
                 data = await self.reader.read(65536)
+                pacer.restart()
                 self.ws.receive_data(data or None)
-                for event in self.ws.events():
+                for event in self.ws.events():  # parsed one at a time, as taken
                     await self._dispatch(event)
                     if self.abuse is not None:
                         break
+                    await pacer.tick()
                 if not data or self.ws.state is ConnectionState.CLOSED:
                     return
             loop = asyncio.get_running_loop()
@@ -187,15 +182,23 @@ class Connection:
                            f"(the limit is {self.max_message})")  # fmt: skip
                 return
             self._text = isinstance(event, TextMessage)
-            self._message += part
-            if event.message_finished:
-                message = bytes(self._message)
+            if not event.message_finished:
+                self._message += part
+                return
+            if self._message:
+                self._message += part
+                part = bytes(self._message)
                 self._message.clear()
-                assert self._receiver is not None
-                await self._receiver.on_message(message, self._text)
-        elif isinstance(event, Ping):
-            self.send_now(event.response())
-            await self.drain()
+            assert self._receiver is not None
+            await self._receiver.on_message(part, self._text)
+        elif isinstance(event, (Ping, Pong)):
+            if not self._control.take():
+                self.abort(POLICY, f"more than {self._control.burst} control frames (pings, "
+                           f"pongs) at once; at most {self._control.per_second:.0f} a second")
+                return
+            if isinstance(event, Ping):
+                self.send_now(event.response())
+                await self.drain()
         elif isinstance(event, CloseConnection):
             if self.ws.state is ConnectionState.REMOTE_CLOSING:  # the peer closes: answer
                 self.send_now(event.response())
@@ -207,47 +210,6 @@ class Connection:
                 self._end()
 
 
-class Inbox:
-    """Bytes a peer sent that the application has not read yet, bounded per inbox and,
-    with the connection's counter, per connection (the read loop waits for room)."""
-
-    def __init__(self, conn: Connection, limit: int = MAX_STREAM_BUFFER) -> None:
-        self.conn = conn
-        self.limit = limit
-        self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
-        self._buffered = 0
-        self.ended = False
-
-    async def put(self, data: bytes) -> None:
-        conn = self.conn
-        while not self.ended and not conn.closed.is_set() and (
-            (self._buffered and self._buffered + len(data) > self.limit)
-            or (conn.buffered and conn.buffered + len(data) > conn.max_buffer)
-        ):
-            conn.space.clear()
-            await conn.space.wait()
-        if self.ended or not data:
-            return
-        self._buffered += len(data)
-        conn.buffered += len(data)
-        self._chunks.put_nowait(data)
-
-    async def read(self) -> bytes:
-        """The next chunk; b"" once the input ended and everything was read."""
-        if self.ended and self._chunks.empty():
-            return b""
-        chunk = await self._chunks.get()
-        self._buffered -= len(chunk)
-        self.conn.consumed(len(chunk))
-        return chunk
-
-    def end(self) -> None:
-        if not self.ended:
-            self.ended = True
-            self._chunks.put_nowait(b"")
-            self.conn.space.set()
-
-
 class Channel:
     """One channel of the framing, for the protocol code as a SPDY stream would be:
     `read` until b"", `write`, `close`, and `aborted` once the connection is gone."""
@@ -255,7 +217,7 @@ class Channel:
     def __init__(self, mux: ChannelMux, number: int) -> None:
         self.mux = mux
         self.number = number
-        self.input = Inbox(mux.conn)
+        self.input = Inbox(mux.conn.pool)
         self.aborted = asyncio.Event()
         self.local_done = False
 
@@ -333,8 +295,7 @@ class Tunnel:
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.input = Inbox(conn, conn.max_buffer)
-        self._rest = b""
+        self.input = Inbox(conn.pool, conn.pool.limit)
 
     async def on_message(self, data: bytes, text: bool) -> None:
         if text:
@@ -346,12 +307,7 @@ class Tunnel:
         self.input.end()
 
     async def read(self, n: int = -1) -> bytes:
-        data = self._rest or await self.input.read()
-        if 0 < n < len(data):
-            data, self._rest = data[:n], data[n:]
-        else:
-            self._rest = b""
-        return data
+        return await self.input.read(n)
 
     def write(self, data: bytes) -> None:
         if self.conn.open:

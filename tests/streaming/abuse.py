@@ -12,9 +12,13 @@ import asyncio
 import contextlib
 import os
 import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
+
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Request
 
 from pycri.streaming import spdy
 
@@ -95,6 +99,15 @@ class Raw:
         self.writer.close()
         with contextlib.suppress(Exception):
             await self.writer.wait_closed()
+        await self._stop()
+
+    async def abort(self) -> None:
+        """Hang up at once, dropping what the server has not read yet (a flood's backlog
+        would take it long to read, and a graceful close waits for that)."""
+        self.writer.transport.abort()
+        await self._stop()
+
+    async def _stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -112,6 +125,96 @@ async def upgrade(url: str, protocols: list[str]) -> Raw:
     raw = Raw(reader, writer)
     raw.start()
     return raw
+
+
+@dataclass
+class RawWs(Raw):
+    """One upgraded WebSocket connection driven frame by frame (frames from `ws_frame`);
+    `close` is the server's close frame (code, reason), once it sent one."""
+
+    ws: WSConnection = field(default_factory=lambda: WSConnection(ConnectionType.CLIENT))
+    close_frame: tuple[int, str] | None = None
+
+    async def _drain(self) -> None:
+        try:
+            while data := await self.reader.read(1 << 16):
+                self.ws.receive_data(data)
+                for event in self.ws.events():
+                    if isinstance(event, CloseConnection) and self.close_frame is None:
+                        self.close_frame = (event.code, event.reason or "")
+        except Exception:  # a reset, or wsproto on what follows the close frame
+            pass
+        finally:
+            self.closed.set()
+
+
+# WebSocket opcodes (RFC 6455 section 5.2).
+WS_TEXT, WS_BINARY, WS_PING, WS_PONG = 0x1, 0x2, 0x9, 0xA
+
+
+def ws_frame(opcode: int, payload: bytes = b"", mask: bytes = b"\x5a\xa5\x3c\xc3") -> bytes:
+    """One final client frame, masked as a client must (payloads under 64 KiB)."""
+    size = len(payload)
+    head = bytes([0x80 | opcode]) + (bytes([0x80 | size]) if size < 126
+                                      else bytes([0x80 | 126]) + struct.pack(">H", size))
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+async def upgrade_ws(url: str, protocols: list[str]) -> RawWs:
+    parts = urlsplit(url)
+    reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
+    ws = WSConnection(ConnectionType.CLIENT)
+    writer.write(ws.send(Request(host=parts.netloc, target=parts.path, subprotocols=protocols)))
+    while True:
+        data = await asyncio.wait_for(reader.read(1 << 16), 10)
+        if not data:
+            raise ConnectionRefusedError("server hung up during the WebSocket handshake")
+        ws.receive_data(data)
+        if any(isinstance(e, AcceptConnection) for e in ws.events()):
+            break
+    raw = RawWs(reader, writer, ws=ws)
+    raw.start()
+    return raw
+
+
+@dataclass
+class Flood:
+    """The same bytes (`unit`, one or a few frames) sent over and over on `raw`; `sent`
+    counts the units the server has taken so far (written and drained)."""
+
+    raw: Raw
+    unit: bytes
+    sent: int = 0
+
+    async def run(self, count: int, batch: int = 4096) -> None:
+        """Send `unit` `count` times in writes of `batch` units, until the server hangs up
+        (callers bound the time: a server that stops reading holds this in drain)."""
+        block = self.unit * batch
+        while self.sent < count:
+            n = min(batch, count - self.sent)
+            if not await self.raw.send(block if n == batch else self.unit * n):
+                return
+            self.sent += n
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time the process used so far (user + system)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def taken(pid: int, floods: list[Flood], seconds: float, still: float = 1.0) -> None:
+    """Wait until the server `pid` has stopped taking from `floods`: for `still` seconds
+    no unit was taken and it used under a tenth of a CPU (it is not still parsing what
+    it read), or every flood is done; at most `seconds`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        sent, cpu = sum(f.sent for f in floods), cpu_seconds(pid)
+        await asyncio.sleep(still)
+        if sum(f.sent for f in floods) == sent and cpu_seconds(pid) - cpu < still / 10:
+            return
 
 
 async def open_channels(raw: Raw, kinds: list[str]) -> int:

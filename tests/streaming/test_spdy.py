@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from pycri.streaming import http, remotecommand, spdy
+from pycri.streaming import http, inbox, remotecommand, spdy
 from pycri.streaming import session as session_mod
 from pycri.streaming.session import Session
 
@@ -90,9 +90,10 @@ def test_bad_header_blocks(raw: bytes) -> None:
 def test_unsupported_version_and_unknown_types() -> None:
     with pytest.raises(spdy.SpdyError, match="version 2"):
         spdy.Codec().feed(b"\x80\x02\0\x06\0\0\0\x04\0\0\0\x01")
-    # An unknown control type is skipped, the next frame still parsed.
+    # An unknown control type is parsed as such (sessions ignore it), the next frame still
+    # parsed.
     assert spdy.Codec().feed(b"\x80\x03\0\x63\0\0\0\x01x" + b"\0\0\0\x01\0\0\0\0") == [
-        spdy.DataFrame(1, b"")]
+        spdy.Unknown(0x63), spdy.DataFrame(1, b"")]
 
 
 def test_terminal_sizes_parse_incrementally() -> None:
@@ -207,7 +208,7 @@ async def test_a_slow_reader_pushes_back_instead_of_buffering(
     assert incoming is not None
     sender = asyncio.create_task(stream.write(b"y" * (64 << 20)))  # 64 MiB, nobody reading
     await asyncio.sleep(1.0)
-    assert incoming._buffered <= session_mod.MAX_STREAM_BUFFER + 32 * 1024
+    assert len(incoming.input) <= inbox.MAX_STREAM_BUFFER + 32 * 1024
     assert not sender.done()  # the sender is held back by TCP, not buffered by us
     total = 0
     while total < 64 << 20:
@@ -237,7 +238,7 @@ async def test_many_streams_share_one_buffer_bound(sessions: tuple[Session, Sess
     # Frames of 1 MiB, fewer per stream than any per-stream frame count would stop, on
     # many streams: the session as a whole holds at most its bound.
     client, srv = sessions
-    srv.max_buffer = 4 << 20
+    srv.pool.limit = 4 << 20
     opened = [await client.open({"streamtype": [f"s{i}"]}) for i in range(10)]
     frame = b"q" * spdy.MAX_RECEIVE
 
@@ -248,9 +249,9 @@ async def test_many_streams_share_one_buffer_bound(sessions: tuple[Session, Sess
 
     sender = asyncio.create_task(flood())
     await asyncio.sleep(1.5)  # nobody reads on the server side yet
-    held = sum(len(c) for s in srv.streams.values() for c in s._chunks._queue)  # type: ignore[attr-defined]
-    assert held <= srv.max_buffer + spdy.MAX_RECEIVE, f"{held >> 20} MiB buffered"
-    assert held == srv.buffered
+    held = sum(len(s.input) for s in srv.streams.values())
+    assert held <= srv.pool.limit + spdy.MAX_RECEIVE, f"{held >> 20} MiB buffered"
+    assert held == srv.pool.used
     accepted = [await srv.accept() for _ in opened]
 
     async def read(stream: session_mod.Stream | None, size: int) -> int:
