@@ -68,6 +68,19 @@ def rpc(fn: Handler[R], /) -> Handler[R]:
         subject = oplog.subject(self, request) if audited else None
         code, error, response = "OK", "", None
         work = asyncio.ensure_future(checked(fn, self, request, context)) if audited else None
+        seconds: float | None = None
+
+        def observe() -> float:
+            """Latency and error count, once: before an abort, which the client hears
+            at once, so a scrape after its answer counts the call."""
+            nonlocal seconds
+            if seconds is None:
+                seconds = time.perf_counter() - t0
+                latency.observe(seconds)
+                if code != "OK":
+                    metrics.RPC_ERRORS.labels(name, code).inc()
+            return seconds
+
         try:
             if work is None:
                 response = await checked(fn, self, request, context)
@@ -86,14 +99,12 @@ def rpc(fn: Handler[R], /) -> Handler[R]:
             raise
         except Exception as e:
             code, error = _outcome(e)
+            observe()
             await _abort(name, e, context, quiet=audited)  # oplog's line says it all
         finally:
-            seconds = time.perf_counter() - t0
-            latency.observe(seconds)
-            if code != "OK":
-                metrics.RPC_ERRORS.labels(name, code).inc()
+            took = observe()
             if subject is not None:
-                oplog.done(name, subject, response, seconds, code, error)
+                oplog.done(name, subject, response, took, code, error)
         raise AssertionError("unreachable")  # pragma: no cover - abort always raises
 
     return wrapper
