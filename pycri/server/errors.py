@@ -36,6 +36,12 @@ CODES: dict[type[errors.PycriError], grpc.StatusCode] = {
 R = TypeVar("R")
 Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[R]]
 
+# State-changing calls that end with their client instead of finishing alone. A pull
+# holds registry connections for as long as a registry cares to send and leaves nothing
+# half-done (ImageManager.pull drops what it fetched; a second client waiting for the
+# same image keeps the shared pull alive), so it ends when its client goes.
+ENDS_WITH_CLIENT = frozenset({"PullImage"})
+
 
 def status_code(exc: errors.PycriError) -> grpc.StatusCode:
     for cls in type(exc).__mro__:
@@ -54,11 +60,13 @@ def rpc(fn: Handler[R], /) -> Handler[R]:
     (oplog.changes_state: List*, *Status, *Stats, ExecSync, ...) has nothing to finish:
     it runs inline, in the caller's task, so the client's cancel reaches it (ExecSync
     undoes what it started) and the hot read path costs no extra task and no extra
-    turns of the event loop, behind whatever else is ready to run.
+    turns of the event loop, behind whatever else is ready to run. A call in
+    ENDS_WITH_CLIENT runs shielded too (it is logged), but is cancelled with its client.
     """
     name = fn.__name__
     latency = metrics.RPC_SECONDS.labels(name)  # resolved once, not per call
     audited = oplog.changes_state(name)
+    finishes_alone = name not in ENDS_WITH_CLIENT
 
     @functools.wraps(fn)
     async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext) -> R:
@@ -90,8 +98,11 @@ def rpc(fn: Handler[R], /) -> Handler[R]:
         except asyncio.CancelledError:
             code, error = "CANCELLED", "the client went away"
             if work is not None and not work.done():
-                log.info("%s: the client went away; finishing the call anyway", name)
-                work.add_done_callback(functools.partial(_finished_alone, name))
+                if finishes_alone:
+                    log.info("%s: the client went away; finishing the call anyway", name)
+                    work.add_done_callback(functools.partial(_finished_alone, name))
+                else:
+                    work.cancel()
             raise
         except grpc.aio.AbortError:  # the handler aborted with its own code
             aborted = context.code()

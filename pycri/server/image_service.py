@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import functools
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
 
 import grpc
 from google.protobuf.message import Message
@@ -62,40 +58,6 @@ def _ref(spec: pb.ImageSpec) -> str:
     return spec.image
 
 
-# The tasks to cancel when the current call's client goes away (see `_ends_with_client`).
-_on_client_gone: contextvars.ContextVar[list[asyncio.Task[Any]]] = contextvars.ContextVar(
-    "on_client_gone")
-
-H = TypeVar("H", bound=Callable[..., Awaitable[Any]])
-
-
-def _ends_with_client(fn: H) -> H:
-    """Around `@rpc`, whose shield lets a state-changing call finish without its client:
-    a pull is the exception. It holds registry connections for as long as a registry
-    cares to send, and leaves nothing half-done (ImageManager.pull drops what it
-    fetched), so it ends with its last waiting client: the shielded task registers
-    itself (`_cancel_with_client`), and the call's own task cancels it on the way out."""
-
-    @functools.wraps(fn)
-    async def wrapper(*args: Any) -> Any:
-        tasks: list[asyncio.Task[Any]] = []
-        _on_client_gone.set(tasks)  # the shielded task's context is a copy of this one
-        try:
-            return await fn(*args)
-        except asyncio.CancelledError:
-            for task in tasks:
-                task.cancel()
-            raise
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _cancel_with_client() -> None:
-    task = asyncio.current_task()
-    if task is not None:
-        _on_client_gone.get().append(task)
-
-
 # Encoded answers kept per image generation; requests name any refs they like.
 MAX_ENCODED = 1024
 
@@ -148,13 +110,11 @@ class ImageServicer(api_pb2_grpc.ImageServiceServicer):
                            "repoDigests": img.repo_digests})
         return pb.ImageStatusResponse(image=_image(img), info={"info": info})
 
-    @_ends_with_client
     @rpc
     async def PullImage(
         self, request: pb.PullImageRequest, context: grpc.aio.ServicerContext
     ) -> pb.PullImageResponse:
         auth = _auth(request.auth) if request.HasField("auth") else None
-        _cancel_with_client()
         return pb.PullImageResponse(image_ref=await self.m.pull(_ref(request.image), auth))
 
     @rpc
