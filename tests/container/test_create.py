@@ -5,7 +5,6 @@ of them behind, and the name is free for the retry."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,19 +38,6 @@ def entries(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir()) if d.is_dir() else []
 
 
-def stored(node: Node) -> list[tuple[str, str]]:
-    """The store's rows; pycri holds its database exclusively, so it is read while stopped."""
-    node.cri.channel.close()
-    assert node.proc.stop() == 0
-    try:
-        db = sqlite3.connect(node.tmp / "root" / "pycri.db")
-        try:
-            return sorted(db.execute("SELECT kind, id FROM records").fetchall())
-        finally:
-            db.close()
-    finally:
-        node.start()
-
 
 def test_a_create_failing_at_the_runtime_leaves_nothing_and_the_name_free(
     node: Node, failing: HangingRuntime, tmp_path: Path
@@ -69,7 +55,7 @@ def test_a_create_failing_at_the_runtime_leaves_nothing_and_the_name_free(
     request = pb.CreateContainerRequest(pod_sandbox_id=sid, config=cfg, sandbox_config=pod)
     state, root = node.tmp / "state", node.tmp / "root"
     before = (mounted(node), entries(root / "snapshots"), entries(state / "bundles"))
-    rows = stored(node)
+    rows = node.stored()
 
     failing.fail("create")
     with pytest.raises(grpc.RpcError) as e:
@@ -80,7 +66,7 @@ def test_a_create_failing_at_the_runtime_leaves_nothing_and_the_name_free(
     assert list(node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers) == []
     assert (mounted(node), entries(root / "snapshots"), entries(state / "bundles")) == before
     assert entries(state / "rro") == []  # no staged copy left
-    assert stored(node) == rows  # no record, even after a restart
+    assert node.stored() == rows  # no record, even after a restart
 
     failing.release()
     cid = node.cri.runtime.CreateContainer(request, timeout=CLIENT_WAIT).container_id

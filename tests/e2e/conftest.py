@@ -8,6 +8,7 @@ import json
 import os
 import secrets
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -88,6 +89,20 @@ class Node:
             while self.recovery()["doneAt"] == 0:
                 assert time.monotonic() < deadline, f"no recheck in {RECHECK_TIMEOUT} s"
                 time.sleep(0.02)
+
+    def stored(self) -> list[tuple[str, str]]:
+        """The store's rows (kind, id). pycri holds its database exclusively, so it is
+        read while the daemon is stopped; the daemon is started again after."""
+        self.cri.channel.close()
+        assert self.proc.stop() == 0
+        try:
+            db = sqlite3.connect(self.tmp / "root" / "pycri.db")
+            try:
+                return sorted(db.execute("SELECT kind, id FROM records").fetchall())
+            finally:
+                db.close()
+        finally:
+            self.start()
 
     def recovery(self) -> dict[str, int]:
         """How far the recheck got: {"pending": records not rechecked, "doneAt": ns or 0}."""

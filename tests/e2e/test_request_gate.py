@@ -40,29 +40,16 @@ def cni_cache(node: Node) -> list[str]:
     return sorted(str(p.relative_to(d)) for p in d.rglob("*")) if d.exists() else []
 
 
-def records(node: Node) -> list[tuple[str, str]]:
-    """The store's rows. pycri holds its database exclusively, so it is read while stopped."""
-    node.cri.channel.close()
-    assert node.proc.stop() == 0
-    try:
-        db = sqlite3.connect(node.tmp / "root" / "pycri.db")
-        try:
-            return sorted(db.execute("SELECT kind, id FROM records").fetchall())
-        finally:
-            db.close()
-    finally:
-        node.start()
-
 
 def test_nul_in_pod_name_is_refused_and_the_node_restarts(node: Node) -> None:
     """Defect 6: INTERNAL 'embedded null byte', a CNI cache entry kept, and every later
     start crashed in recovery."""
-    before = records(node)
+    before = node.stored()
     cfg = node.pod_config("x")
     cfg.metadata.name = "a\x00b"
     details = refused(node.cri.runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=cfg))
     assert details == "config.metadata.name: contains a NUL byte"
-    assert cni_cache(node) == [] and records(node) == before
+    assert cni_cache(node) == [] and node.stored() == before
     assert list((node.tmp / "root" / "sandboxes").glob("*")) == []
     node.restart()
     sid, _ = node.run_pod("after")
@@ -169,7 +156,7 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     cache = node.tmp / "root" / "cni-cache"
     aside = sorted(p.name.split(".")[0] for p in (cache / ".set-aside").iterdir())
     assert aside == sorted(ids[k] for k in ("nul", "json", "noseq", "file"))
-    left = {(k, i) for k, i in records(node)}
+    left = {(k, i) for k, i in node.stored()}
     for key in ("garbage", "missing"):
         assert ("set-aside:sandbox", ids[key]) in left
     assert ("set-aside:container", ids["container"]) in left
@@ -186,13 +173,13 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
 def test_every_bad_request_of_the_table_is_refused_by_the_daemon(node: Node) -> None:
     """The gate stands in front of every RPC: each request of tests/test_gate.py's
     table gets INVALID_ARGUMENT naming the field, and nothing is left behind."""
-    before = records(node)
+    before = node.stored()
     for name, request, message in BAD:
         rpc = type(request).__name__.removesuffix("Request")
         service = node.cri.image if hasattr(node.cri.image, rpc) else node.cri.runtime
         details = refused(getattr(service, rpc), request)
         assert message in details, (name, details)
-    assert records(node) == before
+    assert node.stored() == before
     assert cni_cache(node) == [] and our_netns(node) == []
     assert not node.cri.runtime.ListPodSandbox(pb.ListPodSandboxRequest()).items
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
