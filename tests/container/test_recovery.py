@@ -55,7 +55,7 @@ def test_a_container_whose_state_went_while_pycri_was_down_is_recorded_lost(
         for f in sorted(d.rglob("*"), key=lambda p: len(p.parts), reverse=True):
             f.rmdir() if f.is_dir() else f.unlink()
         d.rmdir()
-    for d in Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{gone}"):
+    for d in Path("/sys/fs/cgroup").glob(f"*/pycri/{gone}"):
         d.rmdir()
     node.start()
 

@@ -214,7 +214,7 @@ def leftovers(tmp: Path, ids: set[str]) -> dict[str, list[str]]:
         mounts = [line.split()[1] for line in f if str(tmp) in line.split()[1]]
     procs = subprocess.run(["pgrep", "-f", f"conmon.*{tmp}"], capture_output=True,
                            text=True).stdout.split()
-    cgroups = [str(d) for i in ids for pattern in (f"*/pycri/pycri-{i}", f"*/pycri/pod-{i}")
+    cgroups = [str(d) for i in ids for pattern in (f"*/pycri/{i}", f"*/pycri/pod-{i}")
                for d in Path("/sys/fs/cgroup").glob(pattern)]
     return {"netns": netns, "mounts": mounts, "conmon": procs, "cgroups": cgroups}
 

@@ -134,7 +134,7 @@ def test_runtime_hung_after_create_is_undone(node: Node, hang: HangingRuntime) -
     [cid] = hang.done_before_hang()
     assert list(node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers) == []
     assert _runtime_ids(node) == {sid}
-    assert list(Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{cid}")) == []
+    assert list(Path("/sys/fs/cgroup").glob(f"*/pycri/{cid}")) == []
     assert not (node.tmp / "state" / "bundles" / cid).exists()
     # Its `runc init` is reaped too: as a zombie in the pod's PID namespace it kept the
     # infra from exiting, and the pod could not be removed.

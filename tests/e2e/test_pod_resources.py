@@ -70,9 +70,9 @@ def test_pod_cgroup_pycri_makes_holds_resources_plus_overhead(node: Node) -> Non
     # the infra and the containers live below it, so the bound covers all of them
     linux = spec["linux"]
     assert isinstance(linux, dict)
-    assert linux["cgroupsPath"] == f"/pycri/pod-{sid}/pycri-{sid}"
+    assert linux["cgroupsPath"] == f"/pycri/pod-{sid}/{sid}"
     cid = node.run(sid, cfg, "app", SLEEP)
-    assert (mem / f"pycri-{cid}" / "memory.limit_in_bytes").is_file()
+    assert (mem / cid / "memory.limit_in_bytes").is_file()
     # the pod's stats take its limit from this cgroup: available = limit - working set
     stats = node.cri.runtime.PodSandboxStats(
         pb.PodSandboxStatsRequest(pod_sandbox_id=sid)).stats.linux.memory

@@ -249,7 +249,7 @@ def test_reboot_pods_come_back_notready_and_clean_up(node: Node) -> None:
         while Path(f"/proc/{pid}").exists():
             time.sleep(0.02)
     for oid in (sid, cid):  # a reboot takes the cgroups with it
-        for d in Path("/sys/fs/cgroup").glob(f"*/pycri/pycri-{oid}"):
+        for d in Path("/sys/fs/cgroup").glob(f"*/pycri/{oid}"):
             d.rmdir()
     subprocess.run(["umount", "-l", info["netnsPath"]], check=True)
     os.unlink(info["netnsPath"])

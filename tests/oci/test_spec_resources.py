@@ -12,9 +12,9 @@ from .specutil import build, container_config
 
 
 def test_cgroups_path() -> None:
-    assert build()["linux"]["cgroupsPath"] == "/kubepods/pod1/pycri-c1"
-    assert cgroups_path("", "cgroupfs", "x") == "/pycri/pycri-x"
-    assert cgroups_path("kubepods", "cgroupfs", "x") == "/kubepods/pycri-x"
+    assert build()["linux"]["cgroupsPath"] == "/kubepods/pod1/c1"
+    assert cgroups_path("", "cgroupfs", "x") == "/pycri/x"
+    assert cgroups_path("kubepods", "cgroupfs", "x") == "/kubepods/x"
     assert cgroups_path("kubepods-pod1.slice", "systemd", "x") == "kubepods-pod1.slice:pycri:x"
     assert cgroups_path("", "systemd", "x") == "system.slice:pycri:x"
     for parent, driver in (("/a/b", "systemd"), ("/a/../b", "cgroupfs"), ("", "nope")):

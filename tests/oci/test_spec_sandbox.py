@@ -90,7 +90,7 @@ def test_pid_container_mode_still_new_pid_ns() -> None:
 def test_sysctls_cgroup_oom() -> None:
     s = build()
     assert s["linux"]["sysctl"] == {"net.ipv4.ip_unprivileged_port_start": "0"}
-    assert s["linux"]["cgroupsPath"] == "/kubepods/pod1/pycri-s1"
+    assert s["linux"]["cgroupsPath"] == "/kubepods/pod1/s1"
     assert s["process"]["oomScoreAdj"] == -998
     assert build(min_oom_score_adj=0)["process"]["oomScoreAdj"] == 0
     sd = build(cgroup_driver="systemd", cgroup_parent="kubepods.slice")

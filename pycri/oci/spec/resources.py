@@ -14,13 +14,20 @@ MAX_CPU_SHARES = 262_144
 
 
 def cgroups_path(parent: str, driver: str, object_id: str) -> str:
-    """cgroupfs: `<parent>/pycri-<id>` (parent defaults to /pycri);
-    systemd: `<slice>:pycri:<id>` (slice defaults to system.slice)."""
+    """cgroupfs: `<parent>/<id>` (parent defaults to /pycri);
+    systemd: `<slice>:pycri:<id>` (slice defaults to system.slice), which runc makes
+    `pycri-<id>.scope`.
+
+    The last component is the bare ID (or ends in `-<id>.scope`) because that is how
+    a kubelet matches its cAdvisor's cgroups to CRI containers: it takes the base name
+    of the cgroup, and under systemd what follows its last `-`, as the container ID.
+    Named `pycri-<id>` under cgroupfs, no container had cAdvisor's memory fields in the
+    Summary API."""
     if driver == "cgroupfs":
         parent = "/" + (parent or "/pycri").strip("/")
         if ".." in parent.split("/"):
             raise InvalidArgument(f"cgroup parent {parent!r} must not contain '..'")
-        return posixpath.join(parent, f"pycri-{object_id}")
+        return posixpath.join(parent, object_id)
     if driver == "systemd":
         slice_ = parent or "system.slice"
         if "/" in slice_ or not slice_.endswith(".slice"):
