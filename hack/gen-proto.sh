@@ -2,14 +2,17 @@
 # Regenerate the Python stubs of the wire contracts pycri speaks:
 #   the CRI (proto/runtime/v1/api.proto) into pycri/api/, gRPC services included;
 #   NRI (proto/nri/api.proto, containerd/nri pkg/api) into pycri/nri/api/, messages
-#   only, since NRI runs over ttrpc (pycri/nri/ttrpc.py), not gRPC.
+#   only, since NRI runs over ttrpc (pycri/nri/ttrpc.py), not gRPC;
+#   the containerd calls cAdvisor makes (proto/cadvisor/containerd.proto) into
+#   pycri/cadvisor/api/, messages only (pycri/cadvisor/door.py binds the methods).
 # tests/api/test_proto.py fails when the committed stubs are stale.
-# Usage: hack/gen-proto.sh [CRI_OUT [NRI_OUT]]
+# Usage: hack/gen-proto.sh [CRI_OUT [NRI_OUT [CADVISOR_OUT]]]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 out=${1:-pycri/api}
 nri_out=${2:-pycri/nri/api}
+cadvisor_out=${3:-pycri/cadvisor/api}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$PY" -m grpc_tools.protoc -I proto --python_out="$tmp" --pyi_out="$tmp" \
@@ -25,3 +28,7 @@ cp "$tmp"/nri/api_pb2.py "$tmp"/nri/api_pb2.pyi "$nri_out"/
 # protoc's stub declares NRI's enum value `None` (Field.None) as an attribute, which is
 # not Python syntax and stops mypy reading the stub; it is reachable as Field.Value("None").
 sed -i '/^ *None: /d' "$nri_out"/api_pb2.pyi
+"$PY" -m grpc_tools.protoc -I proto --python_out="$tmp" --pyi_out="$tmp" \
+    proto/cadvisor/containerd.proto
+mkdir -p "$cadvisor_out"
+cp "$tmp"/cadvisor/containerd_pb2.py "$tmp"/cadvisor/containerd_pb2.pyi "$cadvisor_out"/

@@ -199,6 +199,22 @@ class NRIConfig:
 
 
 @dataclass
+class CadvisorConfig:
+    """The door the kubelet's built-in cAdvisor reads pycri's containers through: the
+    containerd calls its containerd plugin makes (issue 44, pycri/cadvisor/)."""
+
+    enable: bool = True
+    # The door's socket, in a directory only root may enter; empty: <state>/cadvisor/
+    # containerd.sock. Give it to a kubelet whose default path is taken: --containerd=.
+    socket_path: str = filepath("", OPTIONAL)
+    # The path cAdvisor dials when the kubelet names none. pycri links it to its door
+    # when no containerd serves it (and removes its link at stop); empty: never.
+    default_path: str = filepath("/run/containerd/containerd.sock", OPTIONAL)
+    # Calls in flight at once; more are answered RESOURCE_EXHAUSTED.
+    max_concurrent_calls: int = number(16, 1, 1024)
+
+
+@dataclass
 class Config:
     root: str = filepath("/var/lib/pycri")
     state: str = filepath("/run/pycri")
@@ -230,11 +246,17 @@ class Config:
     lists: ListsConfig = field(default_factory=ListsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     nri: NRIConfig = field(default_factory=NRIConfig)
+    cadvisor: CadvisorConfig = field(default_factory=CadvisorConfig)
 
     # Paths derived from root/state; the only place that lays them out.
     @property
     def socket_path(self) -> Path:
         return Path(self.socket) if self.socket else Path(self.state) / "pycri.sock"
+
+    @property
+    def cadvisor_socket(self) -> Path:
+        c = self.cadvisor.socket_path
+        return Path(c) if c else Path(self.state) / "cadvisor" / "containerd.sock"
 
     @property
     def db_path(self) -> Path:

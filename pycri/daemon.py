@@ -32,6 +32,7 @@ import grpc
 from pycri import malloc, metrics, metrics_listener, procs, reload, statemetrics
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.cadvisor import door as cadvisor_door
 from pycri.config import Config, ConfigError, NRIConfig
 from pycri.container.manager import ContainerManager
 from pycri.events import EventBus
@@ -158,6 +159,8 @@ class Daemon:
         self._grpc_socket = cfg.socket_path
         self._target = f"unix:{cfg.socket_path}"
         self._recheck: asyncio.Task[None] | None = None
+        self._cadvisor: grpc.aio.Server | None = None
+        self._cadvisor_link: Path | None = None  # cAdvisor's default path, linked to it
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -242,6 +245,11 @@ class Daemon:
             except OSError as e:
                 raise DaemonError(f"metrics on {cfg.metrics_address}: {e}") from None
             log.info("metrics on http://%s/metrics", cfg.metrics_address)
+        if cfg.cadvisor.enable:
+            await self._open_cadvisor(cadvisor_door.Sources(
+                sandboxes=sandboxes.sandboxes, containers=containers.containers,
+                image_names=images.names, spec_path=launcher.spec_path,
+                pause_image=lambda: self.cfg.pause_image))
         sock = self._grpc_socket
         _claim_socket(sock)
         server = grpc.aio.server(
@@ -270,6 +278,34 @@ class Daemon:
                  cfg.state, len(sandboxes.sandboxes), len(containers.containers),
                  time.monotonic() - t0, _process_age())
         self._recheck = asyncio.create_task(recovery.run())
+
+    async def _open_cadvisor(self, sources: cadvisor_door.Sources) -> None:
+        """The door the kubelet's cAdvisor reads containers through, before the CRI
+        socket answers: a kubelet asks its version once, at its own start."""
+        cfg, sock = self.cfg.cadvisor, self.cfg.cadvisor_socket
+        try:
+            self._cadvisor = await cadvisor_door.serve(cadvisor_door.Door(sources), cfg, sock)
+        except OSError as e:
+            raise DaemonError(f"cadvisor.socket_path: cannot listen on {sock}: "
+                              f"{e.strerror or e}") from None
+        if cfg.default_path:
+            try:
+                if cadvisor_door.claim_default(Path(cfg.default_path), sock):
+                    self._cadvisor_link = Path(cfg.default_path)
+            except OSError as e:
+                log.warning("cadvisor: cannot link %s to %s: %s", cfg.default_path, sock,
+                            e.strerror or e)
+        log.info("cadvisor: the kubelet's cAdvisor reads containers on %s%s", sock,
+                 f" (and {self._cadvisor_link})" if self._cadvisor_link else "")
+
+    async def _close_cadvisor(self) -> None:
+        if self._cadvisor_link is not None:
+            cadvisor_door.release_default(self._cadvisor_link, self.cfg.cadvisor_socket)
+            self._cadvisor_link = None
+        if self._cadvisor is not None:
+            await self._cadvisor.stop(None)
+            self._cadvisor = None
+            self.cfg.cadvisor_socket.unlink(missing_ok=True)
 
     async def wait_answering(self) -> None:
         """Return once the CRI socket answers Version: what READY=1 promises."""
@@ -327,6 +363,7 @@ class Daemon:
         if self.proxy is not None:
             await self.proxy.close()
             self.proxy = None
+        await self._close_cadvisor()
         if self.nri is not None:
             await self.nri.close()
             self.nri = None

@@ -122,6 +122,9 @@ class Launcher:
     def bundle_dir(self, oid: str) -> Path:
         return self.bundles / oid
 
+    def spec_path(self, oid: str) -> Path:
+        return self.bundle_dir(oid) / "config.json"
+
     def persist_dir(self, oid: str) -> Path:
         return self.bundles / oid / "monitor"
 

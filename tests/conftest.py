@@ -134,7 +134,9 @@ def pycri_dirs(tmp_path: Path) -> PycriProcess:
         f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
         f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
         f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
-        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n',
+        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
+        # cAdvisor's default path is the host's: a test daemon never links it.
+        '[cadvisor]\ndefault_path = ""\n',
     )
     return PycriProcess(
         root=root,

@@ -74,6 +74,13 @@ class ImageManager(ImagePull, ImageRootfs):
         rec = self._store.get(IMAGE, iid) if iid else None
         return self._image(iid, rec) if iid and rec else None
 
+    def names(self, image_id: str) -> tuple[builtins.list[str], builtins.list[str]]:
+        """The tags and repo digests of the image with exactly this ID; none once it is
+        gone (a running container's image may be removed)."""
+        rec = self._store.get(IMAGE, image_id)
+        if not isinstance(rec, dict):
+            return [], []
+        return _strings(rec, "repo_tags"), _strings(rec, "repo_digests")
 
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:

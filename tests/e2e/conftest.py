@@ -269,6 +269,7 @@ def running_node(tmp_path: Path, busybox: str,
         f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
         f'[checkpoint]\ncriu = "{CRIU}"\narchive_dirs = ["{tmp_path / "archives"}"]\n'
         'check_timeout = 120\n'
+        '[cadvisor]\ndefault_path = ""\n'  # the host's path: a test node never links it
     )
     (tmp_path / "archives").mkdir()
     proc = proc_type(root=tmp_path / "root", state=tmp_path / "state",

@@ -84,7 +84,8 @@ def test_bombs_refused_with_configured_bounds(registry: Registry, tmp_path: Path
         "max_layer_expansion_ratio = 10.0\nmin_layer_unpacked_bytes = 4194304\n"
         "free_space_reserve = 0\n"
         f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
-        f'plugin_path = "{tmp_path / "nri-plugins"}"\n'))
+        f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
+        '[cadvisor]\ndefault_path = ""\n'))
     root = tmp_path / "root"
     proc = PycriProcess(root=root, state=tmp_path / "state", socket=tmp_path / "state" / "s.sock",
                         config=config, log=tmp_path / "pycri.log")

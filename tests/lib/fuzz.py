@@ -953,7 +953,8 @@ def start_node(tmp: Path, image: str, registry: str, bridge: str, subnet: str) -
         f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
         f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n'
-        f'[nri]\nsocket_path = "{tmp / "nri.sock"}"\nplugin_path = "{tmp / "nri-plugins"}"\n')
+        f'[nri]\nsocket_path = "{tmp / "nri.sock"}"\nplugin_path = "{tmp / "nri-plugins"}"\n'
+        '[cadvisor]\ndefault_path = ""\n')
     proc = PycriProcess(root=tmp / "root", state=tmp / "state", socket=tmp / "state" / "p.sock",
                         config=config, log=tmp / "pycri.log")
     proc.start()
