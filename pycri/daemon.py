@@ -248,7 +248,7 @@ class Daemon:
         if cfg.cadvisor.enable:
             await self._open_cadvisor(cadvisor_door.Sources(
                 sandboxes=sandboxes.sandboxes, containers=containers.containers,
-                image_names=images.names, spec_path=launcher.spec_path,
+                image_name=images.display_name, spec_path=launcher.spec_path,
                 pause_image=lambda: self.cfg.pause_image))
         sock = self._grpc_socket
         _claim_socket(sock)

@@ -61,7 +61,7 @@ class Sources:
 
     sandboxes: Mapping[str, Sandbox]
     containers: Mapping[str, Container]
-    image_names: Callable[[str], tuple[list[str], list[str]]]  # image ID -> tags, digests
+    image_name: Callable[[str, str], str]  # (image ID, fallback) -> a tag, as people read it
     spec_path: Callable[[str], Path]
     pause_image: Callable[[], str]  # the sandbox's image ("" for the built-in infra)
 
@@ -123,8 +123,7 @@ class Door:
         if isinstance(obj, Sandbox):
             return ctrd.GetContainerResponse(
                 container=view.of_sandbox(obj, self.src.pause_image(), spec))
-        tags, digests = self.src.image_names(obj.image_id)
-        image = view.image_name(tags, digests, obj.config.image.image)
+        image = self.src.image_name(obj.image_id, obj.config.image.image)
         return ctrd.GetContainerResponse(container=view.of_container(obj, image, spec))
 
     async def get_task(self, request: ctrd.GetTaskRequest,

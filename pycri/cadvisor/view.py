@@ -100,8 +100,3 @@ def process(oid: str, task: Task) -> ctrd.Process:
         out.exited_at.CopyFrom(_timestamp(task.exited_at))
     return out
 
-
-def image_name(tags: list[str], digests: list[str], fallback: str) -> str:
-    """The image as containerd names a container's: its first tag, else its first repo
-    digest, else what the request named (an image ID when the image is gone)."""
-    return (tags or digests or [fallback])[0]

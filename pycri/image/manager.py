@@ -74,13 +74,15 @@ class ImageManager(ImagePull, ImageRootfs):
         rec = self._store.get(IMAGE, iid) if iid else None
         return self._image(iid, rec) if iid and rec else None
 
-    def names(self, image_id: str) -> tuple[builtins.list[str], builtins.list[str]]:
-        """The tags and repo digests of the image with exactly this ID; none once it is
-        gone (a running container's image may be removed)."""
+    def display_name(self, image_id: str, fallback: str) -> str:
+        """How a container's image is named where people read it (the `image` label of
+        cAdvisor's series and of ListPodSandboxMetrics): the image's first tag, else its
+        first repo digest, as containerd names a container's image; `fallback` (what the
+        request named, an image ID from a kubelet) once the image is gone."""
         rec = self._store.get(IMAGE, image_id)
         if not isinstance(rec, dict):
-            return [], []
-        return _strings(rec, "repo_tags"), _strings(rec, "repo_digests")
+            return fallback
+        return (_strings(rec, "repo_tags") or _strings(rec, "repo_digests") or [fallback])[0]
 
     def list(self, ref: str | None = None) -> builtins.list[Image]:
         if ref:

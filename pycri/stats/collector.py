@@ -200,8 +200,9 @@ class StatsCollector:
     def _metrics(self, pods: list[tuple[Sandbox, list[Container]]]) -> list[metrics.PodMetrics]:
         fs = metrics.filesystem(self.images.root)
         return [
-            metrics.pod_metrics(sb, [(c, self._writable_bytes(c.id)) for c in cs], fs,
-                                self.cgroup_root)
+            metrics.pod_metrics(sb, [(c, self._writable_bytes(c.id),
+                                      self.images.display_name(c.image_id, c.config.image.image))
+                                     for c in cs], fs, self.cgroup_root)
             for sb, cs in pods
         ]
 

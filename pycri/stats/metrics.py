@@ -262,10 +262,11 @@ def filesystem(root: Path) -> Filesystem:
     return Filesystem(device, vfs.f_blocks * vfs.f_frsize, vfs.f_files, vfs.f_favail)
 
 
-def pod_metrics(sb: Sandbox, containers: Sequence[tuple[Container, int]], fs: Filesystem,
-                cgroup_root: Path = CGROUP_ROOT) -> PodMetrics:
+def pod_metrics(sb: Sandbox, containers: Sequence[tuple[Container, int, str]],
+                fs: Filesystem, cgroup_root: Path = CGROUP_ROOT) -> PodMetrics:
     """The samples of one pod: its network, then each container with the bytes of its
-    writable layer (which the caller measured)."""
+    writable layer (which the caller measured) and its image's name (the `image` label:
+    a tag, as cAdvisor's series have it, not the image ID a kubelet creates by)."""
     md = sb.config.metadata
     emit = _Emitter((md.name, md.namespace, "", sb.id, ""), time.time_ns())
     if not sb.host_network:
@@ -279,15 +280,15 @@ def pod_metrics(sb: Sandbox, containers: Sequence[tuple[Container, int]], fs: Fi
             emit("container_network_transmit_packets_dropped_total", i.tx_dropped, i.name)
             emit("container_network_transmit_errors_total", i.tx_errors, i.name)
     return PodMetrics(sb.id, emit.samples,
-                      [_container(sb, c, used, fs, cgroup_root) for c, used in containers])
+                      [_container(sb, c, used, image, fs, cgroup_root)
+                       for c, used, image in containers])
 
 
-def _container(sb: Sandbox, c: Container, used: int, fs: Filesystem,
+def _container(sb: Sandbox, c: Container, used: int, image: str, fs: Filesystem,
                cgroup_root: Path) -> ContainerMetrics:
     md = sb.config.metadata
     now = time.time_ns()
-    emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id,
-                     c.config.image.image), now)
+    emit = _Emitter((md.name, md.namespace, c.config.metadata.name, c.id, image), now)
     cg = Cgroup.of(c.cgroups_path, cgroup_root)
     _emit_cpu_memory(emit, cg)
     _emit_io(emit, cg)

@@ -59,8 +59,3 @@ def test_container_task_states(state: int, pid: int, status: int | None) -> None
     if status == ctrd.STOPPED:
         assert p.exit_status == 0xFFFFFFFF and p.exited_at.ToNanoseconds() == 5
 
-
-def test_image_name_prefers_a_tag() -> None:
-    assert view.image_name(["a:1"], ["a@sha256:x"], "id") == "a:1"
-    assert view.image_name([], ["a@sha256:x"], "id") == "a@sha256:x"
-    assert view.image_name([], [], "sha256:1") == "sha256:1"

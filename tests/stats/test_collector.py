@@ -195,6 +195,8 @@ async def test_pod_sums_its_containers_with_its_own_limit_and_network(
     assert samples["container_spec_memory_limit_bytes"].value == 64 * MiB
     assert samples["container_fs_usage_bytes"].value > 0
     assert samples["container_memory_usage_bytes"].labels[:4] == ("p", "ns", "c", a.id)
+    # The image label names the image as people read it; no such image here: the request's.
+    assert samples["container_memory_usage_bytes"].labels[4] == "busybox"
 
 
 async def test_cpu_rate_memory_goes_with_the_record(
