@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -249,6 +250,51 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
                     fix, optional=True)
 
 
+def _answers(path: Path) -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
+def _cadvisor(cfg: Config) -> Check:
+    """Whether the kubelet's built-in cAdvisor will name pycri's containers: it asks a
+    containerd API on --containerd (default /run/containerd/containerd.sock) at its start,
+    and pycri's door answers there only if pycri's link holds that path."""
+    name = "kubelet's cAdvisor (/metrics/cadvisor, /stats/summary)"
+    door, default = cfg.cadvisor_socket, cfg.cadvisor.default_path
+    flag = f"start the kubelet with --containerd={door}"
+    if not cfg.cadvisor.enable:
+        return Check(name, False, "cadvisor.enable = false: the kubelet will not name pycri's "
+                     "containers (no container, pod, namespace or image label)",
+                     "set [cadvisor] enable = true", optional=True)
+    serving = f"door {door} " + ("answers" if _answers(door) else "opens when pycri starts")
+    if not default:
+        return Check(name, True, f"{serving}; cadvisor.default_path is empty: {flag}")
+    path = Path(default)
+    try:
+        target = os.readlink(path)
+    except FileNotFoundError:
+        return Check(name, True, f"{serving}; {path} is free: pycri links it at start")
+    except OSError:  # not a link: whose is it?
+        target = ""
+    if target == str(door):
+        return Check(name, True, f"{serving}; {path} leads to it")
+    if _answers(path):
+        return Check(name, False, f"{serving}; {path} is served by another process (a "
+                     "containerd?): a kubelet with default flags sees its containers, not "
+                     "pycri's", flag, optional=True)
+    if target or path.is_socket():
+        return Check(name, True, f"{serving}; {path} is a dead socket: pycri takes it at start")
+    return Check(name, False, f"{serving}; {path} is not a socket, and pycri leaves it be",
+                 f"remove {path}, or {flag}", optional=True)
+
+
 def run_checks(cfg: Config) -> list[Check]:
     """Every check, in order; a Check not `optional` that fails is one the config needs."""
     producers: list[Callable[[], Check | Iterator[Check]]] = [
@@ -261,6 +307,7 @@ def run_checks(cfg: Config) -> list[Check]:
         lambda: _disk(cfg),
         lambda: _user_namespaces(cfg),
         lambda: _checkpoint(cfg),
+        lambda: _cadvisor(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

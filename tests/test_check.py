@@ -115,3 +115,50 @@ def test_cni_plugins_outside_the_configured_dirs_are_pointed_at(tmp_path: Path) 
     c = by_name(run_checks(cfg))["CNI plugins"]
     assert not c.ok and not c.optional
     assert c.fix == "add /usr/lib/cni to cni.bin_dirs (containernetworking-plugins put it there)"
+
+
+def test_check_says_whether_the_kubelet_will_see_pycris_containers(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    from pycri.check import _cadvisor
+    from pycri.config import CadvisorConfig
+
+    default = tmp_path / "run" / "containerd" / "containerd.sock"
+
+    def cfg(**kw: object) -> Config:
+        return Config(state=str(tmp_path / "state"),
+                      cadvisor=CadvisorConfig(default_path=str(default), **kw))  # type: ignore[arg-type]
+
+    door = cfg().cadvisor_socket
+    free = _cadvisor(cfg())
+    assert free.ok and f"door {door} opens when pycri starts" in free.detail
+    assert f"{default} is free: pycri links it at start" in free.detail
+    default.parent.mkdir(parents=True)
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(default))
+    other.listen()
+    try:
+        taken = _cadvisor(cfg())
+        assert not taken.ok and taken.optional
+        assert "served by another process" in taken.detail
+        assert taken.fix == f"start the kubelet with --containerd={door}"
+    finally:
+        other.close()
+    assert "dead socket: pycri takes it at start" in _cadvisor(cfg()).detail
+    default.unlink()
+    os.symlink(door, default)
+    door.parent.mkdir(parents=True)
+    mine = socket.socket(socket.AF_UNIX)
+    mine.bind(str(door))
+    mine.listen()
+    try:
+        linked = _cadvisor(cfg())
+        assert linked.ok and f"door {door} answers; {default} leads to it" in linked.detail
+    finally:
+        mine.close()
+    off = _cadvisor(cfg(enable=False))
+    assert not off.ok and off.optional and off.fix == "set [cadvisor] enable = true"
+    no_default = _cadvisor(Config(state=str(tmp_path / "state"),
+                                  cadvisor=CadvisorConfig(default_path="")))
+    assert no_default.ok and f"--containerd={door}" in no_default.detail
