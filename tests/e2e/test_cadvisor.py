@@ -194,3 +194,49 @@ def test_the_door_goes_with_the_daemon(node: Node) -> None:
         assert c.version().startswith("pycri-")
     finally:
         c.close()
+
+
+def test_what_a_kubelet_takes_from_the_cri_with_the_gate_on(
+        node: Node, client: CadvisorClient) -> None:  # fmt: skip
+    """PodAndContainerStatsFromCRI: the kubelet's /metrics/cadvisor is ListPodSandboxMetrics
+    and its Summary the CRI stats. Created by image ID, as a kubelet creates, every
+    container is still labelled with its image's tag, and the pod has its network and
+    memory usage, RSS and page faults."""
+    image_id = node.cri.image.ImageStatus(pb.ImageStatusRequest(
+        image=pb.ImageSpec(image=node.image))).image.id
+    sid, pod = _pod(node, "gate")
+    cids = {}
+    for n in ("app", "sidecar"):
+        config = node.container_config(
+            n, ["sh", "-c", f"head -c 4000000 /dev/zero >/dev/shm/{n} && touch /done; sleep 60"],
+            labels=_kubelet_labels(n, pod))
+        config.image.image = image_id
+        cids[n] = node.cri.runtime.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=sid, config=config, sandbox_config=pod)).container_id
+        node.cri.runtime.StartContainer(pb.StartContainerRequest(container_id=cids[n]))
+    for cid in cids.values():
+        node.wait_for_file(cid, "/done")
+    assert client.container(cids["app"]).image == node.image  # the door says the same
+    gateway = node.subnet.rsplit(".", 1)[0] + ".1"
+    assert node.exec(cids["app"], "ping", "-c", "1", "-W", "2", gateway).exit_code == 0
+
+    entry = next(p for p in node.cri.runtime.ListPodSandboxMetrics(
+        pb.ListPodSandboxMetricsRequest()).pod_metrics if p.pod_sandbox_id == sid)
+    for c in entry.container_metrics:
+        name = next(n for n, cid in cids.items() if cid == c.container_id)
+        seen = {m.name: list(m.label_values) for m in c.metrics}
+        for metric in ("container_cpu_usage_seconds_total", "container_memory_working_set_bytes",
+                       "container_memory_rss"):
+            assert seen[metric][:5] == ["gate", "e2e", name, c.container_id, node.image], metric
+    assert {m.name for m in entry.metrics} >= {"container_network_receive_bytes_total"}
+
+    stats = node.cri.runtime.PodSandboxStats(pb.PodSandboxStatsRequest(pod_sandbox_id=sid)).stats
+    linux = stats.linux
+    assert [i.name for i in linux.network.interfaces] == ["eth0"]
+    assert linux.network.interfaces[0].rx_bytes.value > 0
+    memory = linux.memory
+    assert memory.usage_bytes.value >= 8_000_000  # both containers' files in the pod's shm
+    assert memory.rss_bytes.value > 0 and memory.page_faults.value > 0
+    assert memory.HasField("major_page_faults")
+    assert {c.attributes.id for c in linux.containers} == set(cids.values())
+    assert all(c.memory.working_set_bytes.value > 0 for c in linux.containers)
