@@ -178,8 +178,8 @@ def claim_default(path: Path, target: Path) -> bool:
             log.info("cadvisor: %s is not a socket; leaving it", path)
             return False
         elif _answers(path):
-            log.info("cadvisor: %s is served (a containerd?); the kubelet needs "
-                     "--containerd=%s to see pycri's containers", path, target)
+            log.warning("cadvisor: %s is served (a containerd?); the kubelet needs "
+                        "--containerd=%s to see pycri's containers", path, target)
             return False
         path.unlink()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
