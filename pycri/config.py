@@ -203,10 +203,10 @@ class CadvisorConfig:
     """The door the kubelet's built-in cAdvisor reads pycri's containers through: the
     containerd calls its containerd plugin makes (issue 44, pycri/cadvisor/)."""
 
+    # The door's socket is <state>/cadvisor/containerd.sock, in a directory pycri makes
+    # for it and only root may enter (no key moves it: a directory shared with anything
+    # else could not be kept so). A kubelet whose default path is taken: --containerd=.
     enable: bool = True
-    # The door's socket, in a directory only root may enter; empty: <state>/cadvisor/
-    # containerd.sock. Give it to a kubelet whose default path is taken: --containerd=.
-    socket_path: str = filepath("", OPTIONAL)
     # The path cAdvisor dials when the kubelet names none. pycri links it to its door
     # when no containerd serves it (and removes its link at stop); empty: never.
     default_path: str = filepath("/run/containerd/containerd.sock", OPTIONAL)
@@ -255,8 +255,7 @@ class Config:
 
     @property
     def cadvisor_socket(self) -> Path:
-        c = self.cadvisor.socket_path
-        return Path(c) if c else Path(self.state) / "cadvisor" / "containerd.sock"
+        return Path(self.state) / "cadvisor" / "containerd.sock"
 
     @property
     def db_path(self) -> Path:

@@ -160,7 +160,7 @@ class Daemon:
         self._target = f"unix:{cfg.socket_path}"
         self._recheck: asyncio.Task[None] | None = None
         self._cadvisor: grpc.aio.Server | None = None
-        self._cadvisor_link: Path | None = None  # cAdvisor's default path, linked to it
+        self._cadvisor_link: cadvisor_door.Claim | None = None  # cAdvisor's default path
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -286,21 +286,20 @@ class Daemon:
         try:
             self._cadvisor = await cadvisor_door.serve(cadvisor_door.Door(sources), cfg, sock)
         except OSError as e:
-            raise DaemonError(f"cadvisor.socket_path: cannot listen on {sock}: "
+            raise DaemonError(f"cadvisor: cannot listen on {sock}: "
                               f"{e.strerror or e}") from None
         if cfg.default_path:
             try:
-                if cadvisor_door.claim_default(Path(cfg.default_path), sock):
-                    self._cadvisor_link = Path(cfg.default_path)
+                self._cadvisor_link = cadvisor_door.claim_default(Path(cfg.default_path), sock)
             except OSError as e:
                 log.warning("cadvisor: cannot link %s to %s: %s", cfg.default_path, sock,
                             e.strerror or e)
         log.info("cadvisor: the kubelet's cAdvisor reads containers on %s%s", sock,
-                 f" (and {self._cadvisor_link})" if self._cadvisor_link else "")
+                 f" (and {self._cadvisor_link.link})" if self._cadvisor_link else "")
 
     async def _close_cadvisor(self) -> None:
         if self._cadvisor_link is not None:
-            cadvisor_door.release_default(self._cadvisor_link, self.cfg.cadvisor_socket)
+            cadvisor_door.release_default(self._cadvisor_link)
             self._cadvisor_link = None
         if self._cadvisor is not None:
             await self._cadvisor.stop(None)

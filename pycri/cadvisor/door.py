@@ -161,7 +161,17 @@ class Door:
         ]
 
 
-def claim_default(path: Path, target: Path) -> bool:
+@dataclass(frozen=True)
+class Claim:
+    """cAdvisor's default path, linked to the door: the link, and the directory made
+    for it (None when it was there already)."""
+
+    link: Path
+    target: Path
+    made_dir: Path | None
+
+
+def claim_default(path: Path, target: Path) -> Claim | None:
     """Point cAdvisor's default path at `target` by a symlink, unless something else
     has it: a live socket (a containerd), or any file that is not a socket or our own
     link. A dead socket or a dangling link (a crashed containerd or pycri) is replaced."""
@@ -173,27 +183,32 @@ def claim_default(path: Path, target: Path) -> bool:
         if stat.S_ISLNK(st.st_mode):
             if os.readlink(path) != str(target) and _answers(path):
                 log.info("cadvisor: %s leads to a live socket; leaving it", path)
-                return False
+                return None
         elif not stat.S_ISSOCK(st.st_mode):
             log.info("cadvisor: %s is not a socket; leaving it", path)
-            return False
+            return None
         elif _answers(path):
             log.warning("cadvisor: %s is served (a containerd?); the kubelet needs "
                         "--containerd=%s to see pycri's containers", path, target)
-            return False
+            return None
         path.unlink()
+    made = None if path.parent.exists() else path.parent
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
     os.symlink(target, path)
-    return True
+    return Claim(path, target, made)
 
 
-def release_default(path: Path, target: Path) -> None:
-    """Remove the symlink `claim_default` made, if it is still ours."""
+def release_default(claim: Claim) -> None:
+    """Remove the symlink `claim_default` made if it is still ours, and the directory
+    made for it if nothing else is in it now."""
     try:
-        if os.readlink(path) == str(target):
-            path.unlink()
+        if os.readlink(claim.link) == str(claim.target):
+            claim.link.unlink()
     except OSError:
         pass
+    if claim.made_dir is not None:
+        with contextlib.suppress(OSError):  # not empty: a containerd moved in
+            claim.made_dir.rmdir()
 
 
 def _answers(path: Path) -> bool:
