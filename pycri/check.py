@@ -11,13 +11,13 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pycri import cgroups
+from pycri.cadvisor.door import answers
 from pycri.config import CheckpointConfig, Config
 from pycri.criu.support import Probe, probe_criu, probe_runtime
 from pycri.oci import mounts, userns
@@ -250,18 +250,6 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
                     fix, optional=True)
 
 
-def _answers(path: Path) -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-    probe.settimeout(1.0)
-    try:
-        probe.connect(str(path))
-    except OSError:
-        return False
-    finally:
-        probe.close()
-    return True
-
-
 def _cadvisor(cfg: Config) -> Check:
     """Whether the kubelet's built-in cAdvisor will name pycri's containers: it asks a
     containerd API on --containerd (default /run/containerd/containerd.sock) at its start,
@@ -273,7 +261,7 @@ def _cadvisor(cfg: Config) -> Check:
         return Check(name, False, "cadvisor.enable = false: the kubelet will not name pycri's "
                      "containers (no container, pod, namespace or image label)",
                      "set [cadvisor] enable = true", optional=True)
-    serving = f"door {door} " + ("answers" if _answers(door) else "opens when pycri starts")
+    serving = f"door {door} " + ("answers" if answers(door) else "opens when pycri starts")
     if not default:
         return Check(name, True, f"{serving}; cadvisor.default_path is empty: {flag}")
     path = Path(default)
@@ -285,7 +273,7 @@ def _cadvisor(cfg: Config) -> Check:
         target = ""
     if target == str(door):
         return Check(name, True, f"{serving}; {path} leads to it")
-    if _answers(path):
+    if answers(path):
         return Check(name, False, f"{serving}; {path} is served by another process (a "
                      "containerd?): a kubelet with default flags sees its containers, not "
                      "pycri's", flag, optional=True)

@@ -50,6 +50,8 @@ MAX_METADATA = 16 * 1024
 # and only for variables an operator allow-listed, which the kubelet never does.
 MAX_SPEC = 1 << 20
 EMPTY_SPEC = b"{}"
+# What cAdvisor's client takes in one answer: a spec plus the labels a CRI request set.
+MAX_ANSWER = 16 * 1024 * 1024
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 MAX_ID = 76
 
@@ -181,13 +183,13 @@ def claim_default(path: Path, target: Path) -> Claim | None:
         st = None
     if st is not None:
         if stat.S_ISLNK(st.st_mode):
-            if os.readlink(path) != str(target) and _answers(path):
+            if os.readlink(path) != str(target) and answers(path):
                 log.info("cadvisor: %s leads to a live socket; leaving it", path)
                 return None
         elif not stat.S_ISSOCK(st.st_mode):
             log.info("cadvisor: %s is not a socket; leaving it", path)
             return None
-        elif _answers(path):
+        elif answers(path):
             log.warning("cadvisor: %s is served (a containerd?); the kubelet needs "
                         "--containerd=%s to see pycri's containers", path, target)
             return None
@@ -211,7 +213,8 @@ def release_default(claim: Claim) -> None:
             claim.made_dir.rmdir()
 
 
-def _answers(path: Path) -> bool:
+def answers(path: Path) -> bool:
+    """Whether a process accepts connections on the socket at `path`."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     probe.settimeout(1.0)
     try:
@@ -228,14 +231,14 @@ async def serve(door: Door, cfg: CadvisorConfig, sock: Path) -> grpc.aio.Server:
     per-request bounds above; the caller stops it."""
     sock.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(sock.parent, 0o700)
-    if os.path.lexists(sock) and _answers(sock):
+    if os.path.lexists(sock) and answers(sock):
         raise OSError(errno.EADDRINUSE, f"{sock} is served by another process")
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", MAX_REQUEST),
-            ("grpc.max_send_message_length", MAX_SPEC + 64 * 1024),
+            ("grpc.max_send_message_length", MAX_ANSWER),
             ("grpc.max_metadata_size", MAX_METADATA),
         ],
         maximum_concurrent_rpcs=cfg.max_concurrent_calls,
