@@ -116,6 +116,9 @@ class PycriProcess:
         return CRIClient(grpc.insecure_channel(f"unix://{self.socket}"))
 
 
+NO_DEFAULT_CADVISOR = '[cadvisor]\ndefault_path = ""\n'
+
+
 def write_config(path: Path, text: str = "") -> Path:
     path.write_text(text)
     return path
@@ -129,14 +132,14 @@ def pycri_dirs(tmp_path: Path) -> PycriProcess:
     cni_dir.mkdir()
     config = write_config(
         tmp_path / "pycri.toml",
-        f'[cni]\nconf_dir = "{cni_dir}"\n'
+        # cAdvisor's default path is the host's: a test daemon never links it. First, so
+        # that keys a test appends without a table still land in [nri].
+        f'{NO_DEFAULT_CADVISOR}[cni]\nconf_dir = "{cni_dir}"\n'
         f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
         f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
         f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
-        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
-        # cAdvisor's default path is the host's: a test daemon never links it.
-        '[cadvisor]\ndefault_path = ""\n',
+        f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n',
     )
     return PycriProcess(
         root=root,

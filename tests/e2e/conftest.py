@@ -21,7 +21,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from pycri.config import CheckpointConfig
-from tests.conftest import CRIClient, PycriProcess
+from tests.conftest import NO_DEFAULT_CADVISOR, CRIClient, PycriProcess
 from tests.lib import images, tools
 from tests.lib.registry import Registry
 
@@ -261,7 +261,7 @@ def running_node(tmp_path: Path, busybox: str,
     (net_d / "10-e2e.conflist").write_text(conflist(bridge, subnet, tmp_path / "ipam", []))
     config = tmp_path / "pycri.toml"
     config.write_text(
-        f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
+        f'{NO_DEFAULT_CADVISOR}[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
         f'[images]\nregistries_conf = "{tmp_path / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp_path / "registries.conf.d"}"\n'
         f'[nri]\nsocket_path = "{tmp_path / "nri" / "nri.sock"}"\n'
@@ -269,7 +269,6 @@ def running_node(tmp_path: Path, busybox: str,
         f'plugin_config_path = "{tmp_path / "nri-conf.d"}"\n'
         f'[checkpoint]\ncriu = "{CRIU}"\narchive_dirs = ["{tmp_path / "archives"}"]\n'
         'check_timeout = 120\n'
-        '[cadvisor]\ndefault_path = ""\n'  # the host's path: a test node never links it
     )
     (tmp_path / "archives").mkdir()
     proc = proc_type(root=tmp_path / "root", state=tmp_path / "state",

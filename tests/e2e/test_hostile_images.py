@@ -13,7 +13,7 @@ import pytest
 from pycri.api import api_pb2 as pb
 from pycri.image.manager import IMAGE
 from pycri.store.db import Store
-from tests.conftest import PycriProcess, write_config
+from tests.conftest import NO_DEFAULT_CADVISOR, PycriProcess, write_config
 from tests.e2e.conftest import Node
 from tests.lib import hostile
 from tests.lib.registry import Registry
@@ -85,7 +85,7 @@ def test_bombs_refused_with_configured_bounds(registry: Registry, tmp_path: Path
         "free_space_reserve = 0\n"
         f'[nri]\nsocket_path = "{tmp_path / "nri.sock"}"\n'
         f'plugin_path = "{tmp_path / "nri-plugins"}"\n'
-        '[cadvisor]\ndefault_path = ""\n'))
+        f'{NO_DEFAULT_CADVISOR}'))
     root = tmp_path / "root"
     proc = PycriProcess(root=root, state=tmp_path / "state", socket=tmp_path / "state" / "s.sock",
                         config=config, log=tmp_path / "pycri.log")

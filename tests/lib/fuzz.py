@@ -43,7 +43,7 @@ from google.protobuf.message import Message
 from hypothesis import strategies as st
 
 from pycri.api import api_pb2 as pb
-from tests.conftest import PycriProcess
+from tests.conftest import NO_DEFAULT_CADVISOR, PycriProcess
 
 # --- the RPCs -------------------------------------------------------------------------
 
@@ -954,7 +954,7 @@ def start_node(tmp: Path, image: str, registry: str, bridge: str, subnet: str) -
         f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n'
         f'[nri]\nsocket_path = "{tmp / "nri.sock"}"\nplugin_path = "{tmp / "nri-plugins"}"\n'
-        '[cadvisor]\ndefault_path = ""\n')
+        f'{NO_DEFAULT_CADVISOR}')
     proc = PycriProcess(root=tmp / "root", state=tmp / "state", socket=tmp / "state" / "p.sock",
                         config=config, log=tmp / "pycri.log")
     proc.start()
