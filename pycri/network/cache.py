@@ -11,13 +11,16 @@ fsynced before the plugins run.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
+import stat
 import time
 from pathlib import Path
 from typing import Any
 
+from pycri import parsefail
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.together import in_thread
 
@@ -25,6 +28,26 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 FORMAT = "pycri-cni-cache/v1"
 # Unusable entries are moved here (never listed: the name is not a sandbox id).
 SET_ASIDE = ".set-aside"
+
+
+# One entry holds a network's config and a plugin's result: kilobytes. Past this it is
+# not one pycri wrote.
+MAX_ENTRY = 4 * 1024 * 1024
+
+
+def _read_entry(path: Path) -> bytes:
+    """A regular file's bytes, at most MAX_ENTRY; OSError otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = os.read(fd, MAX_ENTRY + 1)
+        if len(data) > MAX_ENTRY:
+            raise OSError(errno.EFBIG, f"larger than {MAX_ENTRY} bytes")
+        return data
+    finally:
+        os.close(fd)
 
 
 class CorruptEntry(FailedPrecondition):
@@ -91,19 +114,28 @@ class ResultCache:
         await in_thread(self._prune_sync, sandbox_id)
 
     def read_all(self, sandbox_id: str) -> list[dict[str, Any]]:
-        """Every cached entry of the sandbox; unreadable files raise (never silently leak)."""
+        """Every cached entry of the sandbox; an entry that cannot be read (not a regular
+        file, too large, not JSON, an unknown format) raises CorruptEntry, never leaks
+        silently. Files are opened without following a link or blocking (a FIFO)."""
         check_id(sandbox_id)
         d = self.root / sandbox_id
         try:
             names = sorted(n for n in os.listdir(d) if n.endswith(".json"))
         except FileNotFoundError:
             return []
+        except OSError as e:  # a file where the directory belongs, say
+            raise CorruptEntry(f"CNI cache of sandbox {sandbox_id} is unreadable: "
+                               f"{e.strerror}") from None
         entries = []
         for n in names:
             try:
-                entry = json.loads((d / n).read_bytes())
+                entry = json.loads(_read_entry(d / n))
             except ValueError as e:
-                raise CorruptEntry(f"CNI cache file {d / n} is not JSON: {e}") from None
+                raise CorruptEntry(f"CNI cache file {d / n} is "
+                                   f"{parsefail.invalid('JSON', e)}") from None
+            except OSError as e:
+                raise CorruptEntry(f"CNI cache file {d / n} is unreadable: "
+                                   f"{e.strerror or e}") from None
             if not isinstance(entry, dict) or entry.get("format") != FORMAT:
                 raise CorruptEntry(f"CNI cache file {d / n} has an unknown format")
             entries.append(entry)

@@ -470,3 +470,37 @@ class CNIManager:
         """
         check_id(pod.sandbox_id)
         await self._teardown_entries(pod, raise_errors=True)
+
+    async def teardown_rebuilt(self, pod: PodNetwork, why: CorruptEntry) -> None:
+        """The pod's network, torn down when its cache cannot say how (a truncated or
+        hand-edited file): DEL what the pod's record rebuilds (the configured network
+        and loopback, the pod's netns, interface, CNI args and capabilities; no
+        prevResult), every failure logged and none raised, then the damaged cache set
+        aside for a person to read. The pod can always go; what a plugin kept only in
+        the lost result (an address it chose) may stay leased, and the log says so."""
+        check_id(pod.sandbox_id)
+        log.error("sandbox %s: %s; tearing its network down from what is known",
+                  pod.sandbox_id, why)
+        nets = [(LOOPBACK_NETWORK, "lo")]
+        if (net := self.network()) is not None:
+            nets.append((net, pod.ifname))
+        args, runtime = cni_args(pod), runtime_config(pod)
+
+        async def delete(net: NetworkConfig, ifname: str) -> None:
+            call = Invocation("DEL", pod.sandbox_id, pod.netns, ifname, args,
+                              tuple(self.bin_dirs))
+            try:
+                await self._del_plugins(net, net.plugins, call, runtime, None)
+            except Exception as e:
+                log.error("sandbox %s: rebuilt CNI DEL of network %r failed (%s); what it "
+                          "leased may stay leased", pod.sandbox_id, net.name, e)
+
+        await all_settled(*(delete(net, ifname) for net, ifname in nets))
+        try:
+            where = await self.cache.set_aside(pod.sandbox_id)
+        except OSError as e:
+            log.error("sandbox %s: its damaged CNI cache could not be set aside: %s",
+                      pod.sandbox_id, e.strerror or e)
+        else:
+            log.error("sandbox %s: its damaged CNI cache was moved to %s",
+                      pod.sandbox_id, where)

@@ -11,6 +11,7 @@ from pycri import events
 from pycri.api import api_pb2 as pb
 from pycri.errors import step
 from pycri.network import remove_netns
+from pycri.network.cache import CorruptEntry
 from pycri.oci import mounts, userns
 from pycri.sandbox import podcgroup, podfiles
 from pycri.sandbox.infra import Infra
@@ -56,11 +57,16 @@ class Teardown(Infra):
             await self._kill_infra(sb)  # decides on the runtime's state, not the record
 
     async def _network_down(self, sb: Sandbox) -> None:
-        """CNI DEL, once: a failure fails the Stop and a later Stop runs it again."""
+        """CNI DEL, once: a plugin's failure fails the Stop and a later Stop runs it
+        again. A damaged cache is no reason to keep the pod: its DEL is rebuilt from the
+        record (issue 38), else the kubelet would retry the Stop forever."""
         if sb.host_network or sb.network_torn_down:
             return
         async with step("tearing down the pod network (CNI)"):
-            await self.cni.teardown(pod_network(sb))
+            try:
+                await self.cni.teardown(pod_network(sb))
+            except CorruptEntry as e:
+                await self.cni.teardown_rebuilt(pod_network(sb), e)
         sb.network_torn_down = True
         self.sandboxes.save(sb)
 
