@@ -146,8 +146,15 @@ def stream_rpc(fn: StreamHandler[R]) -> StreamHandler[R]:
     return wrapper
 
 
+def _domain(e: Exception) -> Exception:
+    """A failing filesystem outside any step is still the node's condition, not a bug."""
+    fault = errors.host_fault(e) if isinstance(e, OSError) else None
+    return fault if fault is not None else e
+
+
 def _outcome(e: Exception) -> tuple[str, str]:
     """The gRPC code name and message a failed call ends with."""
+    e = _domain(e)
     if isinstance(e, errors.PycriError):
         return status_code(e).name, str(e)
     return "INTERNAL", f"{type(e).__name__}: {e}"
@@ -157,6 +164,7 @@ async def _abort(name: str, e: Exception, context: grpc.aio.ServicerContext,
                  quiet: bool = False) -> None:  # fmt: skip
     """End the call with the status of `e`: its code for a domain error, else INTERNAL.
     `quiet`: the domain error is logged by the caller (an unexpected one always is)."""
+    e = _domain(e)
     if isinstance(e, errors.PycriError):
         if not quiet:
             log.info("%s failed: %s", name, e)

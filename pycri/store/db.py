@@ -9,6 +9,8 @@ owns the shape of its own records.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
@@ -18,11 +20,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pycri.errors import host_fault
+
 Record = dict[str, Any]
 T = TypeVar("T")
 SET_ASIDE = "set-aside:"  # kind prefix of records their owner could not load
 
 log = logging.getLogger(__name__)
+
+# SQLite's primary result codes for a full, read-only and failing disk, as errnos.
+_SQLITE_FAULTS = {13: errno.ENOSPC, 8: errno.EROFS, 10: errno.EIO}
 
 # How long opening waits for another holder of the database to let go.
 _OPEN_WAIT = 5.0
@@ -116,10 +123,24 @@ class Store:
                     self._db.execute("ROLLBACK")
                     raise
 
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write under the lock; a full, read-only or failing disk is its domain error
+        naming the database's filesystem (SQLite says only "database or disk is full")."""
+        with self._lock:
+            try:
+                yield
+            except sqlite3.Error as e:
+                code = _SQLITE_FAULTS.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
+                fault = host_fault(OSError(code, os.strerror(code)), self.path) if code else None
+                if fault is None:
+                    raise
+                raise fault from e
+
     def put(self, kind: str, rid: str, record: Record) -> None:
         """Insert or replace; durable when this returns."""
         data = json.dumps(record, separators=(",", ":"), sort_keys=True)
-        with self._lock:
+        with self._writing():
             self._db.execute(
                 "INSERT OR REPLACE INTO records (kind, id, data) VALUES (?, ?, ?)",
                 (kind, rid, data),
@@ -128,14 +149,14 @@ class Store:
 
     def delete(self, kind: str, rid: str) -> None:
         """Remove a record; absent is fine (callers are idempotent)."""
-        with self._lock:
+        with self._writing():
             self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid))
             self._index.get(kind, {}).pop(rid, None)
 
     def set_aside(self, kind: str, rid: str) -> None:
         """Move a record its owner cannot load to kind `set-aside:<kind>`: out of every
         listing, kept in the file for a person to look at."""
-        with self._lock:
+        with self._writing():
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?",

@@ -210,8 +210,9 @@ def leftovers(tmp: Path, ids: set[str]) -> dict[str, list[str]]:
     """What a node under `tmp` may have left on the host."""
     netns = [n for n in os.listdir("/run/netns") if n.removeprefix("pycri-") in ids] if (
         os.path.isdir("/run/netns")) else []
-    with open("/proc/mounts") as f:
-        mounts = [line.split()[1] for line in f if str(tmp) in line.split()[1]]
+    with open("/proc/mounts") as f:  # a mount on the root itself is a test's own
+        mounts = [m for line in f if str(tmp) in (m := line.split()[1])
+                  and m != str(tmp / "root")]
     procs = subprocess.run(["pgrep", "-f", f"conmon.*{tmp}"], capture_output=True,
                            text=True).stdout.split()
     cgroups = [str(d) for i in ids for pattern in (f"*/pycri/{i}", f"*/pycri/pod-{i}")

@@ -96,3 +96,18 @@ def test_a_row_that_is_not_a_json_object_is_set_aside(tmp_path: Path) -> None:
         kinds = sorted(conn.execute("SELECT kind, id FROM records").fetchall())
     assert kinds == [("set-aside:sandbox", "good"), ("set-aside:sandbox", "list"),
                      ("set-aside:sandbox", "torn")]
+
+
+def test_a_full_database_is_resource_exhausted_naming_its_filesystem(tmp_path: Path) -> None:
+    from pycri.errors import ResourceExhausted, filesystem
+
+    s = Store(tmp_path / "pycri.db")
+    s.put("sandbox", "small", {"n": 1})
+    pages = s._db.execute("PRAGMA page_count").fetchone()[0]
+    s._db.execute(f"PRAGMA max_page_count = {pages}")  # SQLite's own SQLITE_FULL
+    with pytest.raises(ResourceExhausted) as e:
+        s.put("sandbox", "big", {"blob": "x" * 100_000})
+    assert str(e.value) == f"no space left on {filesystem(tmp_path)}"
+    assert s.get("sandbox", "big") is None  # nothing half-written, in memory or on disk
+    s.close()
+    assert [i for i, _ in Store(tmp_path / "pycri.db").items("sandbox")] == ["small"]
