@@ -22,7 +22,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import secrets
 import shutil
 import stat
@@ -31,6 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+from pycri import boundedjson
 from pycri.errors import AlreadyExists, InvalidArgument, NotFound, ResourceExhausted
 
 CHECKPOINT_DIR = "checkpoint"
@@ -50,7 +50,6 @@ PATH_MAX = 4096
 # Directories deep in a layout (<container>/checkpoint/<file> in a pod archive); a
 # container's own deep paths are inside rootfs-diff.tar, applied separately.
 MAX_DEPTH = 8
-_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}]')
 
 
 def _inside(path: Path, dirs: Iterable[str]) -> bool:
@@ -155,22 +154,6 @@ def write_json(path: Path, doc: Any) -> None:
         f.write(json.dumps(doc, indent=2).encode())
 
 
-def _nesting(text: str) -> int:
-    """How deep `text`'s arrays and objects nest (brackets inside strings do not count),
-    stopping past MAX_JSON_DEPTH: the parser recurses once per level."""
-    depth = deepest = 0
-    for m in _JSON_TOKENS.finditer(text):
-        c = m.group()[0]
-        if c in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-            if deepest > MAX_JSON_DEPTH:
-                break
-        elif c in "]}":
-            depth -= 1
-    return deepest
-
-
 def read_json(path: Path, what: str) -> Any:
     try:
         st = os.lstat(path)
@@ -179,7 +162,7 @@ def read_json(path: Path, what: str) -> Any:
         if st.st_size > MAX_JSON:
             raise InvalidArgument(f"{what}: {path.name} is larger than {MAX_JSON} bytes")
         text = path.read_text()
-        if _nesting(text) > MAX_JSON_DEPTH:
+        if boundedjson.nesting(text, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
             raise InvalidArgument(f"{what}: {path.name} nests deeper than {MAX_JSON_DEPTH} "
                                   "levels")
         return json.loads(text)

@@ -42,6 +42,11 @@ def _strings(rec: Record, key: str) -> builtins.list[str]:
     return [v for v in value if isinstance(v, str) and schema.is_text(v)]
 
 
+def _count(value: object) -> bool:
+    """Whether a stored size or count is one: a non-negative int (a bool is not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
 def _rmtrees(paths: Iterable[Path]) -> None:
     for p in paths:
         shutil.rmtree(p, ignore_errors=True)

@@ -29,11 +29,12 @@ from typing import Any
 
 from pycri import errors
 from pycri.image import schema
-from pycri.image.base import IMAGE, LAYER, SNAPSHOT, _strings
+from pycri.image.base import IMAGE, LAYER, SNAPSHOT, _count, _strings
 from pycri.image.pull import ImagePull
 from pycri.image.rootfs import ImageRootfs
 from pycri.image.snapshots import _umount, is_mounted
 from pycri.image.types import FsUsage, Image, user_of
+from pycri.image.unpack import disk_usage
 from pycri.store.db import Record
 
 log = logging.getLogger("pycri.image")
@@ -118,9 +119,9 @@ class ImageManager(ImagePull, ImageRootfs):
         for digest in self.content.digests():
             used += self.content.size(digest)
             inodes += 1
-        for _, rec in self._store.items(LAYER):
-            used += rec["bytes"]
-            inodes += rec["inodes"]
+        for _, rec in self._store.items(LAYER):  # counts, as recover() leaves them
+            used += rec["bytes"] if _count(rec.get("bytes")) else 0
+            inodes += rec["inodes"] if _count(rec.get("inodes")) else 0
         return FsUsage(time.time_ns(), str(self.root), used, inodes)
 
     def recover(self) -> None:
@@ -128,9 +129,17 @@ class ImageManager(ImagePull, ImageRootfs):
         self.content.recover()
         for p in list(self._tmp.iterdir()):
             shutil.rmtree(p, ignore_errors=True)
-        for chain, _ in self._store.items(LAYER):
+        for chain, rec in self._store.items(LAYER):
             if not (self._layers / chain).is_dir():
                 self._store.delete(LAYER, chain)
+            elif not all(_count(rec.get(k)) for k in ("bytes", "inodes")):
+                # A damaged row (its sizes not counts): the layer on disk says them again.
+                used, inodes = disk_usage(self._layers / chain)
+                log.warning("layer %s had a damaged record; its size was counted again from "
+                            "disk", chain)
+                diff_id = rec.get("diff_id")
+                self._store.put(LAYER, chain, {"diff_id": diff_id if isinstance(
+                    diff_id, str) else "", "bytes": used, "inodes": inodes})
         for iid, rec in self._store.items(IMAGE):
             # Only unpacked layers matter for running it: a layer blob may never have been
             # fetched (its chain was already unpacked for another image) or swept since.

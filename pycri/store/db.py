@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pycri import boundedjson, parsefail
 from pycri.errors import host_fault
 
 Record = dict[str, Any]
@@ -41,6 +42,30 @@ MIGRATIONS: list[tuple[str, ...]] = [
         " PRIMARY KEY (kind, id))",
     ),
 ]
+
+
+# Bounds on one stored row, checked before it is parsed: a record pycri wrote is a few
+# KiB (a container's config with ten thousand env vars, a few MiB) and nests a few
+# levels; a row past either was not written by pycri, and is set aside unparsed.
+MAX_RECORD_BYTES = 64 << 20
+MAX_RECORD_DEPTH = 32
+
+
+def _decode(kind: object, rid: object, data: object) -> tuple[Record | None, str]:
+    """A row as a record, or None and why not."""
+    if not isinstance(kind, str) or not isinstance(rid, str):
+        return None, "has a key that is not text"
+    if not isinstance(data, (str, bytes)):
+        return None, "is not JSON text"
+    try:
+        record = boundedjson.loads(data, MAX_RECORD_BYTES, MAX_RECORD_DEPTH)
+    except boundedjson.BoundsError as e:
+        return None, str(e)
+    except ValueError as e:  # json's errors and UnicodeDecodeError
+        return None, f"is {parsefail.invalid('JSON', e)}"
+    if not isinstance(record, dict):
+        return None, "is not a JSON object"
+    return record, ""
 
 
 class StoreLocked(RuntimeError):
@@ -79,18 +104,16 @@ class Store:
         self._lock = threading.Lock()
         self._migrate()
         self._index: dict[str, dict[str, Record]] = {}
-        bad: list[tuple[str, str]] = []
+        bad: list[tuple[Any, Any, str]] = []
         for kind, rid, data in self._db.execute("SELECT kind, id, data FROM records"):
-            try:
-                record = json.loads(data)
-            except (TypeError, ValueError):
-                record = None
-            if not isinstance(record, dict):
-                bad.append((kind, rid))
+            record, why = _decode(kind, rid, data)
+            if record is None:
+                bad.append((kind, rid, why))
                 continue
             self._index.setdefault(kind, {})[rid] = record
-        for kind, rid in bad:
-            log.error("%s record %s is not a JSON object; set aside", kind, rid)
+        for kind, rid, why in bad:
+            # Key and reason, never the contents: a row may hold a Secret's value.
+            log.error("%s record %s %s; set aside", str(kind)[:64], str(rid)[:128], why)
             self.set_aside(kind, rid)
 
     @property
@@ -160,9 +183,9 @@ class Store:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?",
-                                 (SET_ASIDE + kind, rid))
+                                 (f"{SET_ASIDE}{kind}", rid))
                 self._db.execute("UPDATE records SET kind = ? WHERE kind = ? AND id = ?",
-                                 (SET_ASIDE + kind, kind, rid))
+                                 (f"{SET_ASIDE}{kind}", kind, rid))
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

@@ -347,3 +347,25 @@ async def test_trickle_is_no_progress(make_manager: Maker, registry: Registry,
         await _eventually_empty(m)
     finally:
         front.stop()
+
+
+async def test_a_layer_row_of_the_wrong_type_is_counted_again_from_disk(
+        make_manager: Maker, refs: dict[str, str]) -> None:  # fmt: skip
+    """Issue 38: a layer row whose sizes were not numbers made ImageFsInfo INTERNAL
+    (`TypeError` adding them up). The row is read as what it must be; one that is not
+    is counted again from the layer on disk, and the image stays."""
+    from pycri.image.base import LAYER
+
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    good = m.fs_info()
+    chain, rec = next(iter(m._store.items(LAYER)))
+    m._store.put(LAYER, chain, {**rec, "bytes": "many", "inodes": [1]})
+    damaged = m.fs_info()  # answers, counting what it can
+    assert damaged.used_bytes < good.used_bytes
+    await m.close()
+    m2 = make_manager(root=m.root)
+    m2.recover()
+    assert m2.status(iid) is not None
+    again = m2.fs_info()
+    assert (again.used_bytes, again.inodes_used) == (good.used_bytes, good.inodes_used)

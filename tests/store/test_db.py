@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -111,3 +112,52 @@ def test_a_full_database_is_resource_exhausted_naming_its_filesystem(tmp_path: P
     assert s.get("sandbox", "big") is None  # nothing half-written, in memory or on disk
     s.close()
     assert [i for i, _ in Store(tmp_path / "pycri.db").items("sandbox")] == ["small"]
+
+
+def test_hostile_rows_are_set_aside_and_the_store_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """Issue 38: one row nested 100,000 deep kept the daemon from starting (a
+    RecursionError in the parser). Every row is bounded before it is parsed; a bad one
+    is set aside with its key and reason in the log, never its contents."""
+    import logging
+
+    from pycri.store import db as store_db
+
+    monkeypatch.setattr(store_db, "MAX_RECORD_BYTES", 300_000)
+    path = tmp_path / "m.db"
+    first = Store(path)
+    first.put("sandbox", "good", {"name": "g"})
+    first.close()
+    secret = "SECRET-VALUE"
+    rows = [
+        ("sandbox", "deep", "[" * 100_000 + f'"{secret}"' + "]" * 100_000),
+        ("sandbox", "huge", json.dumps({"v": secret * 30_000})),
+        ("sandbox", "number", 7),
+        ("sandbox", "bytes", b'{"a": "\xff\xfe"}'),
+        ("sandbox", b"\xff\x00", '{"a": 1}'),  # a BLOB key (TEXT affinity keeps it)
+        (b"\xfe", "kind", '{"a": 1}'),
+        ("sandbox", "strings-deep", json.dumps({"v": "[" * 1000})),  # not nesting
+    ]
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.executemany("INSERT INTO records (kind, id, data) VALUES (?, ?, ?)", rows)
+    conn.close()
+    with caplog.at_level(logging.ERROR, logger="pycri.store.db"):
+        s = Store(path)
+    assert dict(s.items("sandbox")) == {"good": {"name": "g"},
+                                        "strings-deep": {"v": "[" * 1000}}
+    s.close()
+    with sqlite3.connect(path) as conn:
+        aside = sorted((str(k), str(i)) for k, i in conn.execute(
+            "SELECT kind, id FROM records WHERE kind LIKE 'set-aside:%'"))
+    assert aside == [("set-aside:b'\\xfe'", "kind"), ("set-aside:sandbox", "b'\\xff\\x00'"),
+                     ("set-aside:sandbox", "bytes"), ("set-aside:sandbox", "deep"),
+                     ("set-aside:sandbox", "huge"), ("set-aside:sandbox", "number")]
+    text = caplog.text
+    assert "sandbox record deep nests deeper than 32 levels; set aside" in text
+    assert "sandbox record huge is larger than 300000 bytes; set aside" in text
+    assert "sandbox record number is not a JSON object; set aside" in text  # TEXT affinity
+    assert "sandbox record bytes is not valid UTF-8" in text
+    assert "has a key that is not text; set aside" in text
+    assert secret not in text
