@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pycri import boundedjson, parsefail
-from pycri.errors import host_fault
+from pycri.errors import ResourceExhausted, filesystem, host_fault
 
 Record = dict[str, Any]
 T = TypeVar("T")
@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 
 # SQLite's primary result codes for a full, read-only and failing disk, as errnos.
 _SQLITE_FAULTS = {13: errno.ENOSPC, 8: errno.EROFS, 10: errno.EIO}
+# Disk set aside beside the database (`<db>.reserve`) and given back when the disk is
+# full, so that records can still be written while pods are stopped and removed; and
+# the room a new pod or container needs before anything of it is written.
+RESERVE_BYTES = 8 << 20
+MIN_ROOM = 1 << 20
+
+
+def _errno(e: sqlite3.Error) -> int | None:
+    return _SQLITE_FAULTS.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
+
+
+def _fault(e: sqlite3.Error, path: Path) -> Exception:
+    """The domain error of a disk fault, else `e` itself."""
+    code = _errno(e)
+    fault = host_fault(OSError(code, os.strerror(code)), path) if code else None
+    return fault if fault is not None else e
 
 # How long opening waits for another holder of the database to let go.
 _OPEN_WAIT = 5.0
@@ -102,6 +118,8 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._lock = threading.Lock()
+        self._reserve = path.with_name(path.name + ".reserve")
+        self._make_reserve()
         self._migrate()
         self._index: dict[str, dict[str, Record]] = {}
         bad: list[tuple[Any, Any, str]] = []
@@ -146,40 +164,92 @@ class Store:
                     self._db.execute("ROLLBACK")
                     raise
 
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """A write under the lock; a full, read-only or failing disk is its domain error
-        naming the database's filesystem (SQLite says only "database or disk is full")."""
+    def _write(self, statements: Callable[[], None]) -> None:
+        """Run a write under the lock. A full disk first releases the reserve and tries
+        once more, so that stopping and removing what runs still works on it; a full,
+        read-only or failing disk is then its domain error naming the database's
+        filesystem (SQLite says only "database or disk is full")."""
         with self._lock:
             try:
-                yield
+                try:
+                    statements()
+                except sqlite3.Error as e:
+                    if _errno(e) != errno.ENOSPC or not self._release_reserve():
+                        raise
+                    statements()
             except sqlite3.Error as e:
-                code = _SQLITE_FAULTS.get(getattr(e, "sqlite_errorcode", 0) & 0xFF)
-                fault = host_fault(OSError(code, os.strerror(code)), self.path) if code else None
-                if fault is None:
+                fault = _fault(e, self.path)
+                if fault is e:
                     raise
                 raise fault from e
+            if not self._reserve.exists():
+                self._make_reserve(quiet=True)
+
+    def _make_reserve(self, quiet: bool = False) -> None:
+        """Set RESERVE_BYTES of the database's filesystem aside, when it has four times
+        that free (at start, and after each write until it has)."""
+        try:
+            st = os.statvfs(self.path.parent)
+            if st.f_bavail * st.f_frsize < 4 * RESERVE_BYTES:
+                raise OSError(errno.ENOSPC, "less than four times the reserve free")
+            fd = os.open(self._reserve, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            try:
+                os.posix_fallocate(fd, 0, RESERVE_BYTES)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                self._reserve.unlink()
+            if not quiet:
+                log.warning("no reserve for the database on %s (%s): on a full disk, pods "
+                            "may not stop until there is room", filesystem(self.path),
+                            e.strerror or e)
+            return
+        if quiet:
+            log.info("the database's reserve is set aside again on %s", filesystem(self.path))
+
+    def _release_reserve(self) -> bool:
+        try:
+            self._reserve.unlink()
+        except FileNotFoundError:
+            return False
+        log.warning("%s is full: released the database's reserve (%d MiB) so that pods "
+                    "and containers can still be stopped and removed; new ones wait for "
+                    "room", filesystem(self.path), RESERVE_BYTES >> 20)
+        return True
+
+    def require_room(self) -> None:
+        """A new pod or container waits for room: the last MIN_ROOM bytes of the
+        database's filesystem, and the reserve, are for stopping what exists."""
+        st = os.statvfs(self.path.parent)
+        if st.f_bavail * st.f_frsize < MIN_ROOM:
+            raise ResourceExhausted(f"no space left on {filesystem(self.path)}: new pods "
+                                    f"and containers wait for {MIN_ROOM >> 20} MiB free")
 
     def put(self, kind: str, rid: str, record: Record) -> None:
         """Insert or replace; durable when this returns."""
         data = json.dumps(record, separators=(",", ":"), sort_keys=True)
-        with self._writing():
+
+        def write() -> None:
             self._db.execute(
                 "INSERT OR REPLACE INTO records (kind, id, data) VALUES (?, ?, ?)",
                 (kind, rid, data),
             )
-            self._index.setdefault(kind, {})[rid] = record
+        self._write(write)
+        self._index.setdefault(kind, {})[rid] = record
 
     def delete(self, kind: str, rid: str) -> None:
         """Remove a record; absent is fine (callers are idempotent)."""
-        with self._writing():
+        def write() -> None:
             self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid))
-            self._index.get(kind, {}).pop(rid, None)
+        self._write(write)
+        self._index.get(kind, {}).pop(rid, None)
 
     def set_aside(self, kind: str, rid: str) -> None:
         """Move a record its owner cannot load to kind `set-aside:<kind>`: out of every
         listing, kept in the file for a person to look at."""
-        with self._writing():
+        def write() -> None:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?",
@@ -190,7 +260,8 @@ class Store:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
-            self._index.get(kind, {}).pop(rid, None)
+        self._write(write)
+        self._index.get(kind, {}).pop(rid, None)
 
     def get(self, kind: str, rid: str) -> Record | None:
         return self._index.get(kind, {}).get(rid)

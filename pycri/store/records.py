@@ -77,7 +77,11 @@ class Records(Mapping[str, R], Generic[R]):
     # -- change ---------------------------------------------------------------
 
     def save(self, r: R) -> None:
-        """Write `r` through to the store (its revision counts the writes), then index it."""
+        """Write `r` through to the store (its revision counts the writes), then index it.
+        A new record waits for room on the store's disk (Store.require_room): the last of
+        it is for stopping and removing the records there are."""
+        if r.id not in self._by_id:
+            self._store.require_room()
         r.revision += 1
         self._store.put(self._kind, r.id, r.to_record())
         self.put(r)
