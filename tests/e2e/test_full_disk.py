@@ -1,7 +1,8 @@
 """A node whose root filesystem is full (issue 38, item 5): every call that creates
 answers RESOURCE_EXHAUSTED naming the filesystem and leaves nothing half-made, and the
-kubelet can still stop and remove what runs (the database's reserve is given back). Before, RunPodSandbox and CreateContainer
-answered INTERNAL `OperationalError: database or disk is full`.
+kubelet can still stop and remove what runs (the database's reserve is given back).
+Before, RunPodSandbox and CreateContainer answered INTERNAL `OperationalError: database
+or disk is full`.
 
 The node's root is a tmpfs of the test's own (over images.free_space_reserve, 256 MiB), filled
 to the last byte."""
