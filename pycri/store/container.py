@@ -6,7 +6,10 @@ import base64
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from google.protobuf import json_format
+
 from pycri.api import api_pb2 as pb
+from pycri.store import typed
 from pycri.store.identity import Identity
 
 KIND = "container"
@@ -71,7 +74,12 @@ class Container:
 
     @classmethod
     def from_record(cls, cid: str, rec: dict[str, Any]) -> Container:
+        """The record as stored: every field of its type (typed.check), the config a
+        ContainerConfig, the resources a LinuxContainerResources; TypeError or
+        ValueError otherwise, and Store.load sets the row aside."""
         data = dict(rec)
         config = pb.ContainerConfig()
-        config.ParseFromString(base64.b64decode(data.pop("config")))
+        config.ParseFromString(base64.b64decode(data.pop("config"), validate=True))
+        typed.check(cls, data, f"container {cid}")
+        json_format.ParseDict(data.get("resources", {}), pb.LinuxContainerResources())
         return cls(id=cid, config=config, **data)

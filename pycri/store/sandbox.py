@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pycri.api import api_pb2 as pb
+from pycri.store import typed
 from pycri.store.identity import Identity
 
 KIND = "sandbox"
@@ -69,8 +70,11 @@ class Sandbox:
 
     @classmethod
     def from_record(cls, sid: str, rec: dict[str, Any]) -> Sandbox:
+        """The record as stored, every field of its type (typed.check); TypeError,
+        KeyError or ValueError otherwise, and Store.load sets the row aside."""
         config = pb.PodSandboxConfig()
-        config.ParseFromString(base64.b64decode(rec["config"]))
+        config.ParseFromString(base64.b64decode(rec["config"], validate=True))
+        typed.check(cls, {k: v for k, v in rec.items() if k != "config"}, f"pod sandbox {sid}")
         return cls(
             id=sid,
             config=config,

@@ -157,12 +157,14 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     aside = sorted(p.name.split(".")[0] for p in (cache / ".set-aside").iterdir())
     assert aside == sorted(ids[k] for k in ("nul", "json", "noseq", "file"))
     left = {(k, i) for k, i in node.stored()}
-    for key in ("garbage", "missing"):
+    # A field of the wrong type (created_at "yesterday") is set aside at load, with
+    # the field named, not carried until a status call trips on it (issue 38).
+    for key in ("garbage", "missing", "unbuildable"):
         assert ("set-aside:sandbox", ids[key]) in left
     assert ("set-aside:container", ids["container"]) in left
     log = node.proc.log_text()
     assert f"CNI state of vanished pod {ids['nul']} is unusable" in log
-    assert f"record {ids['unbuildable']} left out of lists" in log
+    assert f"pod sandbox {ids['unbuildable']}: field created_at is not int" in log
     assert f"container {ids['half']} left half-created could not be removed" in log
     # And the node still starts again, and runs new pods.
     node.restart()
