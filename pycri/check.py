@@ -11,6 +11,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import sqlite3
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -250,6 +251,36 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
                     fix, optional=True)
 
 
+def _set_aside(cfg: Config) -> Check:
+    """Stored state pycri could not use and kept for a person: database rows (readable
+    here only while no daemon holds the database) and pods' CNI caches."""
+    name = "records set aside"
+    found: list[str] = []
+    cni = Path(cfg.root) / "cni-cache" / ".set-aside"
+    with contextlib.suppress(OSError):
+        if n := len(os.listdir(cni)):
+            found.append(f"{n} pod CNI cache{'s' * (n > 1)} in {cni}")
+    db, held = cfg.db_path, ""
+    if db.exists():
+        try:
+            conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
+            try:
+                rows = conn.execute("SELECT kind, count(*) FROM records WHERE kind >= "
+                                    "'set-aside:' AND kind < 'set-aside;' GROUP BY kind")
+                found += [f"{n} {str(k).removeprefix('set-aside:')} row{'s' * (n > 1)}"
+                          for k, n in rows]
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            held = (f"; the database {db} cannot be read now (a running daemon holds "
+                    "it): pycri_records_set_aside on /metrics counts its rows")
+    if not found:
+        return Check(name, True, f"none{held}")
+    return Check(name, False, ", ".join(found) + held,
+                 "read them (never their contents into a ticket: they may hold Secrets), "
+                 "then delete them; docs/operating.md, \"Records set aside\"", optional=True)
+
+
 def _cadvisor(cfg: Config) -> Check:
     """Whether the kubelet's built-in cAdvisor will name pycri's containers: it asks a
     containerd API on --containerd (default /run/containerd/containerd.sock) at its start,
@@ -296,6 +327,7 @@ def run_checks(cfg: Config) -> list[Check]:
         lambda: _user_namespaces(cfg),
         lambda: _checkpoint(cfg),
         lambda: _cadvisor(cfg),
+        lambda: _set_aside(cfg),
     ]
     results: list[Check] = []
     for produce in producers:

@@ -237,7 +237,8 @@ class Daemon:
         except OSError as e:
             raise DaemonError(f"streaming server on {cfg.streaming_address}: {e}") from None
         self.streaming = streaming
-        self._collector = statemetrics.StateCollector(sandboxes, containers, launcher, streaming)
+        self._collector = statemetrics.StateCollector(sandboxes, containers, launcher, streaming,
+                                                      store)
         metrics.REGISTRY.register(self._collector)  # computes nothing until scraped
         if cfg.metrics_address:
             try:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from pycri.container.manager import ContainerManager
     from pycri.launcher import Launcher
     from pycri.sandbox.manager import SandboxManager
+    from pycri.store import Store
     from pycri.streaming import StreamingServer
 
 
@@ -24,7 +25,8 @@ class StateCollector(Collector):
     thread: `list()` of a dict is one atomic step under the GIL)."""
 
     def __init__(self, sandboxes: SandboxManager, containers: ContainerManager,
-                 launcher: Launcher, streaming: StreamingServer) -> None:  # fmt: skip
+                 launcher: Launcher, streaming: StreamingServer, store: Store) -> None:  # fmt: skip
+        self.store = store
         self.sandboxes = sandboxes
         self.containers = containers
         self.launcher = launcher
@@ -47,6 +49,13 @@ class StateCollector(Collector):
         yield ctrs
         yield GaugeMetricFamily("pycri_conmon_processes", "conmon monitors being watched",
                                 value=self.launcher.monitors_running())
+        aside = GaugeMetricFamily(
+            "pycri_records_set_aside", "Stored records pycri could not use, kept for a "
+            "person to read: database rows by kind, and pods' CNI caches", labels=["kind"])
+        for kind, n in sorted(self.store.set_aside_counts().items()):
+            aside.add_metric([kind], n)
+        aside.add_metric(["cni-cache"], self.sandboxes.cni.cache.set_aside_count())
+        yield aside
         yield GaugeMetricFamily("pycri_streaming_sessions",
                                 "Upgraded exec/attach/port-forward sessions open",
                                 value=self.streaming.active_sessions())

@@ -162,3 +162,25 @@ def test_check_says_whether_the_kubelet_will_see_pycris_containers(tmp_path: Pat
     no_default = _cadvisor(Config(state=str(tmp_path / "state"),
                                   cadvisor=CadvisorConfig(default_path="")))
     assert no_default.ok and f"--containerd={door}" in no_default.detail
+
+
+def test_check_names_what_was_set_aside(tmp_path: Path) -> None:
+    from pycri.check import _set_aside
+    from pycri.store import Store
+
+    cfg = Config(root=str(tmp_path / "root"), state=str(tmp_path / "state"))
+    assert _set_aside(cfg).ok  # nothing there yet
+    store = Store(cfg.db_path)
+    for rid in ("a", "b"):
+        store.put("sandbox", rid, {"secret": "SECRET-VALUE"})
+        store.set_aside("sandbox", rid)
+    held = _set_aside(cfg)  # the daemon holds its database
+    assert held.ok and "cannot be read now" in held.detail and "pycri_records_set_aside" in \
+        held.detail
+    store.close()
+    aside = Path(cfg.root) / "cni-cache" / ".set-aside" / ("c" * 64 + ".1")
+    aside.mkdir(parents=True)
+    found = _set_aside(cfg)
+    assert not found.ok and found.optional
+    assert found.detail == (f"1 pod CNI cache in {aside.parent}, 2 sandbox rows")
+    assert "SECRET" not in found.detail + found.fix

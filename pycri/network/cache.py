@@ -152,6 +152,13 @@ class ResultCache:
         """Move a sandbox's unusable entries out of the way (kept for a person to read)."""
         return await in_thread(self._set_aside_sync, sandbox_id)
 
+    def set_aside_count(self) -> int:
+        """Pods' caches moved out of the way (see `set_aside`)."""
+        try:
+            return len(os.listdir(self.root / SET_ASIDE))
+        except OSError:
+            return 0
+
     def sandboxes(self) -> list[str]:
         """Sandbox ids with cached networks (for garbage collection at startup)."""
         try:

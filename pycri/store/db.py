@@ -26,6 +26,7 @@ from pycri.errors import ResourceExhausted, filesystem, host_fault
 Record = dict[str, Any]
 T = TypeVar("T")
 SET_ASIDE = "set-aside:"  # kind prefix of records their owner could not load
+_SET_ASIDE_RANGE = (SET_ASIDE, SET_ASIDE[:-1] + ";")  # kinds with that prefix: [a, b)
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,10 @@ class Store:
         self._migrate()
         self._index: dict[str, dict[str, Record]] = {}
         bad: list[tuple[Any, Any, str]] = []
-        for kind, rid, data in self._db.execute("SELECT kind, id, data FROM records"):
+        # Rows set aside stay out of memory, and are never set aside again.
+        for kind, rid, data in self._db.execute(
+                "SELECT kind, id, data FROM records WHERE NOT (kind >= ? AND kind < ?)",
+                _SET_ASIDE_RANGE):
             record, why = _decode(kind, rid, data)
             if record is None:
                 bad.append((kind, rid, why))
@@ -262,6 +266,15 @@ class Store:
                 raise
         self._write(write)
         self._index.get(kind, {}).pop(rid, None)
+
+    def set_aside_counts(self) -> dict[str, int]:
+        """How many rows of each kind are set aside (for /metrics): `set-aside:<kind>`
+        rows, counted in the file, where they stay for a person to read."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT kind, count(*) FROM records WHERE kind >= ? AND kind < ? GROUP BY kind",
+                _SET_ASIDE_RANGE).fetchall()
+        return {str(k).removeprefix(SET_ASIDE): int(n) for k, n in rows}
 
     def get(self, kind: str, rid: str) -> Record | None:
         return self._index.get(kind, {}).get(rid)

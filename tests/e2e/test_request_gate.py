@@ -8,15 +8,18 @@ import base64
 import json
 import os
 import sqlite3
+import urllib.request
 from pathlib import Path
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pycri.api import api_pb2 as pb
 from pycri.names import new_id
 from pycri.store.container import Container
 from tests.e2e.conftest import Node
+from tests.lib.registry import free_port
 from tests.test_gate import BAD
 
 pytestmark = pytest.mark.e2e
@@ -166,10 +169,21 @@ def test_daemon_starts_over_bad_cni_cache_entries_and_bad_records(node: Node) ->
     assert f"CNI state of vanished pod {ids['nul']} is unusable" in log
     assert f"pod sandbox {ids['unbuildable']}: field created_at is not int" in log
     assert f"container {ids['half']} left half-created could not be removed" in log
-    # And the node still starts again, and runs new pods.
+    # And the node still starts again, and runs new pods; what it set aside is counted
+    # for the operator (issue 38).
+    port = free_port()
+    node.proc.config.write_text(f'metrics_address = "127.0.0.1:{port}"\n'
+                                + node.proc.config.read_text())
     node.restart()
     sid2, _ = node.run_pod("later")
     assert node.pod_status(sid2).state == pb.SANDBOX_READY
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        scraped = {(s.name, s.labels.get("kind")): s.value
+                   for fam in text_string_to_metric_families(r.read().decode())
+                   for s in fam.samples if s.name == "pycri_records_set_aside"}
+    assert scraped[("pycri_records_set_aside", "sandbox")] == 3
+    assert scraped[("pycri_records_set_aside", "container")] >= 1
+    assert scraped[("pycri_records_set_aside", "cni-cache")] == 4
 
 
 def test_every_bad_request_of_the_table_is_refused_by_the_daemon(node: Node) -> None:

@@ -148,12 +148,22 @@ def test_hostile_rows_are_set_aside_and_the_store_opens(
     assert dict(s.items("sandbox")) == {"good": {"name": "g"},
                                         "strings-deep": {"v": "[" * 1000}}
     s.close()
-    with sqlite3.connect(path) as conn:
-        aside = sorted((str(k), str(i)) for k, i in conn.execute(
-            "SELECT kind, id FROM records WHERE kind LIKE 'set-aside:%'"))
+    conn = sqlite3.connect(path)
+    aside = sorted((str(k), str(i)) for k, i in conn.execute(
+        "SELECT kind, id FROM records WHERE kind LIKE 'set-aside:%'"))
+    conn.close()
     assert aside == [("set-aside:b'\\xfe'", "kind"), ("set-aside:sandbox", "b'\\xff\\x00'"),
                      ("set-aside:sandbox", "bytes"), ("set-aside:sandbox", "deep"),
                      ("set-aside:sandbox", "huge"), ("set-aside:sandbox", "number")]
+    # Opened again: the rows set aside stay as they are, out of memory, counted.
+    again = Store(path)
+    assert again.set_aside_counts() == {"sandbox": 5, "b'\\xfe'": 1}
+    assert not list(again.items("set-aside:sandbox"))
+    again.close()
+    conn = sqlite3.connect(path)
+    assert sorted((str(k), str(i)) for k, i in conn.execute(
+        "SELECT kind, id FROM records WHERE kind LIKE 'set-aside:%'")) == aside
+    conn.close()
     text = caplog.text
     assert "sandbox record deep nests deeper than 32 levels; set aside" in text
     assert "sandbox record huge is larger than 300000 bytes; set aside" in text
