@@ -90,6 +90,7 @@ def main() -> None:
         tmp = Path(d)
         (tmp / "net.d").mkdir()
         (tmp / "pycri.toml").write_text(
+            '[cadvisor]\ndefault_path = ""\n'  # the host's path: never linked by a bench
             f'[cni]\nconf_dir = "{tmp / "net.d"}"\n'
             f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
             f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n'

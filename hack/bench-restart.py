@@ -97,6 +97,7 @@ class Pycri:
         (work / "registries.conf.d").mkdir(exist_ok=True)
         self.config = work / "pycri.toml"
         self.config.write_text(
+            '[cadvisor]\ndefault_path = ""\n'  # the host's path: never linked by a bench
             f'[images]\nregistries_conf = "{work / "registries.conf"}"\n'
             f'registries_conf_dir = "{work / "registries.conf.d"}"\n'
             f'[cni]\nconf_dir = "{net}"\n')

@@ -41,8 +41,11 @@ def private_daemon(tmp: Path, bridge: str, subnet: str, extra_config: str,
     net_d.mkdir()
     (net_d / "10-bench.conflist").write_text(conflist(bridge, subnet, tmp / "ipam", []))
     config = tmp / "pycri.toml"
+    # cAdvisor's default path is the host's: a private daemon of this build never links
+    # it (an older build, `tree`, has no such key).
     config.write_text(
-        f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
+        ('[cadvisor]\ndefault_path = ""\n' if tree is None else "")
+        + f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
         f'[images]\nregistries_conf = "{tmp / "registries.conf"}"\n'
         f'registries_conf_dir = "{tmp / "registries.conf.d"}"\n' + extra_config)
     env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}

@@ -468,7 +468,9 @@ class Soak:
         net_d.mkdir(parents=True)
         (net_d / "10-chaos.conflist").write_text(conflist(work / "ipam"))
         config = work / "pycri.toml"
-        config.write_text(f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
+        # cAdvisor's default path is the host's: a private daemon never links it.
+        config.write_text('[cadvisor]\ndefault_path = ""\n'
+                          f'[cni]\nconf_dir = "{net_d}"\ndefault_network = false\n'
                           f'[nri]\nsocket_path = "{work / "nri.sock"}"\n'
                           f'plugin_path = "{work / "nri-plugins"}"\n')
         self.proc = PycriProcess(root=work / "root", state=work / "state",
