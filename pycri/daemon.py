@@ -54,7 +54,7 @@ from pycri.server.runtime_service import RuntimeServicer
 from pycri.sockproxy import SocketProxy
 from pycri.status import NodeStatus
 from pycri.store import Store
-from pycri.store.db import StoreLocked
+from pycri.store.db import StoreDamaged, StoreLocked
 from pycri.streaming import RuntimeBackend, StreamingServer
 from pycri.systemd import ActivationError, Notifier, grpc_target, listen_socket
 
@@ -183,7 +183,7 @@ class Daemon:
         os.chmod(root, 0o700)
         try:
             self.store = store = Store(cfg.db_path)
-        except StoreLocked as e:
+        except (StoreLocked, StoreDamaged) as e:
             raise DaemonError(str(e)) from None
         self.reaper = Reaper()
         self.reaper.start()  # a child subreaper; child exits come through pidfds

@@ -89,6 +89,10 @@ class StoreLocked(RuntimeError):
     """Another process holds the metadata database."""
 
 
+class StoreDamaged(RuntimeError):
+    """The metadata database cannot be read as one."""
+
+
 class Store:
     """Write-through record store; safe to call from the event loop and threads.
 
@@ -116,6 +120,26 @@ class Store:
                 f"metadata database {path} is in use by another process ({e}); "
                 "is another pycri running with this root?"
             ) from None
+        except sqlite3.DatabaseError as e:
+            raise self._damaged(e) from None
+        try:
+            self._load()
+        except sqlite3.DatabaseError as e:
+            if isinstance(e, sqlite3.OperationalError):  # a full disk, say: as it is
+                self._db.close()
+                raise
+            raise self._damaged(e) from None
+
+    def _damaged(self, e: sqlite3.DatabaseError) -> StoreDamaged:
+        """Not a database, or torn past what the WAL heals (SQLITE_NOTADB, _CORRUPT)."""
+        self._db.close()
+        return StoreDamaged(
+            f"metadata database {self.path} is damaged ({e}); pycri does not rebuild it "
+            "from disk yet: keep the file for a person to read, move it aside and start "
+            "again (the pods that run now are then unknown to pycri)")
+
+    def _load(self) -> None:
+        path = self.path
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._lock = threading.Lock()

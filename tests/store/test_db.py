@@ -171,3 +171,38 @@ def test_hostile_rows_are_set_aside_and_the_store_opens(
     assert "sandbox record bytes is not valid UTF-8" in text
     assert "has a key that is not text; set aside" in text
     assert secret not in text
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_database_is_named_in_one_line_not_a_traceback(tmp_path: Path,
+                                                                 damage: str) -> None:
+    """Issue 38: a truncated database file was a traceback at start. It is one line
+    naming the file and what to do; the file is left as it is (item 2, rebuilding it
+    from disk, is not done yet)."""
+    import subprocess
+    import sys
+
+    from pycri.store.db import StoreDamaged
+
+    root = tmp_path / "root"
+    db = root / "pycri.db"
+    s = Store(db)
+    for i in range(300):
+        s.put("sandbox", f"id{i}", {"x": "y" * 300})
+    s.close()
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 3] if damage == "truncated" else b"\x00garbage" * 512)
+    before = db.read_bytes()
+    with pytest.raises(StoreDamaged, match=f"^metadata database {db} is damaged"):
+        Store(db)
+    config = tmp_path / "c.toml"
+    config.write_text('[cadvisor]\ndefault_path = ""\n[nri]\nenable = false\n')
+    out = subprocess.run([sys.executable, "-m", "pycri", "serve", "--config", str(config),
+                          "--root", str(root), "--state", str(tmp_path / "state"),
+                          "--socket", str(tmp_path / "s.sock")],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"pycri: metadata database {db} is damaged"), out.stderr
+    assert "Traceback" not in out.stderr
+    assert db.read_bytes() == before  # kept for a person to read
