@@ -40,9 +40,9 @@ class ImageRootfs(ImageBase):
         self.snapshots.dir(key)  # validates the key
         existing = self._store.get(SNAPSHOT, key)
         if existing is not None and (
-            existing["image_id"] != iid or existing.get("view", False) != readonly
+            existing.get("image_id") != iid or existing.get("view", False) != readonly
         ):
-            raise errors.AlreadyExists(f"snapshot {key!r} exists for image {existing['image_id']}")
+            raise errors.AlreadyExists(f"snapshot {key!r} exists for another image")
         chains = _strings(rec, "chain_ids")
         missing = [c for c in chains if self._store.get(LAYER, c) is None]
         if missing:
@@ -70,11 +70,14 @@ class ImageRootfs(ImageBase):
         if rec is None:
             return
         self._store.delete(SNAPSHOT, key)
-        img = self._store.get(IMAGE, rec["image_id"])
+        # A damaged row names no image: the rootfs still goes (its container must be
+        # removable), and the sweep still frees what nothing holds.
+        iid = rec.get("image_id")
+        img = self._store.get(IMAGE, iid) if isinstance(iid, str) else None
         unnamed = img is not None and not _strings(img, "repo_tags") \
             and not _strings(img, "repo_digests")
-        if unnamed and not self._in_use(rec["image_id"]):
-            self._store.delete(IMAGE, rec["image_id"])
+        if unnamed and isinstance(iid, str) and not self._in_use(iid):
+            self._store.delete(IMAGE, iid)
             self._reindex()
         await self._sweep()
 

@@ -137,3 +137,25 @@ async def test_restart_keeps_index_and_recover_cleans(make_manager: Maker,
     assert not (m2.root / "layers" / ("e" * 64)).exists()
     await m2.remove_rootfs("c1")
     assert not is_mounted(root)
+
+
+async def test_a_damaged_snapshot_row_never_keeps_its_rootfs(make_manager: Maker,
+                                                             refs: dict[str, str]) -> None:
+    """Issue 38: a snapshot row without its image ID (or with one of another type) made
+    RemoveContainer a KeyError, every time: a container that could never go. The rootfs
+    goes; the image is kept, and the sweep frees only what nothing holds."""
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    for key, damaged in (("c1", {}), ("c2", {"image_id": ["not", "a", "string"]})):
+        root = await m.prepare_rootfs(key, iid)
+        rec = m._store.get(SNAPSHOT, key)
+        assert rec is not None
+        m._store.put(SNAPSHOT, key, {**{k: v for k, v in rec.items() if k != "image_id"},
+                                     **damaged})
+        await m.remove_rootfs(key)
+        assert not is_mounted(root) and not m.snapshots.dir(key).exists()
+        assert m._store.get(SNAPSHOT, key) is None
+    image = m._store.get(IMAGE, iid)
+    assert image is not None and m.status(iid) is not None
+    assert image["chain_ids"] and all(m._store.get(LAYER, c) is not None
+                                      for c in image["chain_ids"])
