@@ -193,10 +193,11 @@ class Store:
                     raise
 
     def _write(self, statements: Callable[[], None]) -> None:
-        """Run a write under the lock. A full disk first releases the reserve and tries
-        once more, so that stopping and removing what runs still works on it; a full,
-        read-only or failing disk is then its domain error naming the database's
-        filesystem (SQLite says only "database or disk is full")."""
+        """Run a write, and the index change after it, under the lock (so the index
+        follows the file in the order the writes were made). A full disk first releases
+        the reserve and tries once more, so that stopping and removing what runs still
+        works on it; a full, read-only or failing disk is then its domain error naming
+        the database's filesystem (SQLite says only "database or disk is full")."""
         with self._lock:
             try:
                 try:
@@ -210,7 +211,7 @@ class Store:
                 if fault is e:
                     raise
                 raise fault from e
-            if not self._reserve.exists():
+            if not self._has_reserve:
                 self._make_reserve(quiet=True)
 
     def _make_reserve(self, quiet: bool = False) -> None:
@@ -229,15 +230,20 @@ class Store:
         except OSError as e:
             with contextlib.suppress(OSError):
                 self._reserve.unlink()
+            self._has_reserve = False
             if not quiet:
                 log.warning("no reserve for the database on %s (%s): on a full disk, pods "
                             "may not stop until there is room", filesystem(self.path),
                             e.strerror or e)
             return
+        self._has_reserve = True
         if quiet:
             log.info("the database's reserve is set aside again on %s", filesystem(self.path))
 
     def _release_reserve(self) -> bool:
+        if not self._has_reserve:
+            return False
+        self._has_reserve = False
         try:
             self._reserve.unlink()
         except FileNotFoundError:
@@ -264,15 +270,15 @@ class Store:
                 "INSERT OR REPLACE INTO records (kind, id, data) VALUES (?, ?, ?)",
                 (kind, rid, data),
             )
+            self._index.setdefault(kind, {})[rid] = record
         self._write(write)
-        self._index.setdefault(kind, {})[rid] = record
 
     def delete(self, kind: str, rid: str) -> None:
         """Remove a record; absent is fine (callers are idempotent)."""
         def write() -> None:
             self._db.execute("DELETE FROM records WHERE kind = ? AND id = ?", (kind, rid))
+            self._index.get(kind, {}).pop(rid, None)
         self._write(write)
-        self._index.get(kind, {}).pop(rid, None)
 
     def set_aside(self, kind: str, rid: str) -> None:
         """Move a record its owner cannot load to kind `set-aside:<kind>`: out of every
@@ -288,8 +294,8 @@ class Store:
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
+            self._index.get(kind, {}).pop(rid, None)
         self._write(write)
-        self._index.get(kind, {}).pop(rid, None)
 
     def set_aside_counts(self) -> dict[str, int]:
         """How many rows of each kind are set aside (for /metrics): `set-aside:<kind>`
