@@ -1,13 +1,17 @@
-"""JSON from a source pycri does not trust (a stored row, an archive's metadata),
-decoded with bounds checked before the parser runs: its size, and how deep its arrays
-and objects nest (Python's parser recurses once per level, so a deep enough document
-is a RecursionError, which no caller expects).
+"""JSON from a source pycri does not trust (a stored row, an archive's metadata, a
+file in a directory of its own), decoded with bounds checked before the parser runs:
+its size, and how deep its arrays and objects nest (Python's parser recurses once per
+level, so a deep enough document is a RecursionError, which no caller expects); and
+such a file read whole, bounded, without following a link or blocking.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
+import stat
 from typing import Any
 
 # A string (escapes included) or a bracket: brackets inside strings do not count.
@@ -43,3 +47,18 @@ def loads(text: str | bytes, max_bytes: int, max_depth: int) -> Any:
     if nesting(text, max_depth) > max_depth:
         raise BoundsError(f"nests deeper than {max_depth} levels")
     return json.loads(text)
+
+
+def read_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
+    """A regular file's bytes, at most `max_bytes`; OSError otherwise (a link, a FIFO,
+    which the non-blocking open keeps from hanging the reader, a larger file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = os.read(fd, max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
+    return data

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 from google.protobuf import empty_pb2
 
-from pycri import __version__
+from pycri import __version__, boundedjson
 from pycri.cadvisor import view
 from pycri.cadvisor.api import containerd_pb2 as ctrd
 from pycri.config import CadvisorConfig
@@ -69,22 +69,13 @@ class Sources:
 
 
 def read_spec(path: Path) -> bytes:
-    """The object's config.json, as written: a regular file opened without following a
+    """The object's config.json, as written: a regular file read without following a
     link or blocking, at most MAX_SPEC bytes; `{}` when there is none or it is larger."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = boundedjson.read_file(path, MAX_SPEC)
     except OSError:
         return EMPTY_SPEC
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SPEC:
-            return EMPTY_SPEC
-        data = os.read(fd, MAX_SPEC + 1)
-        return data if 0 < len(data) <= MAX_SPEC else EMPTY_SPEC
-    except OSError:
-        return EMPTY_SPEC
-    finally:
-        os.close(fd)
+    return data or EMPTY_SPEC
 
 
 def _valid_id(oid: str) -> bool:

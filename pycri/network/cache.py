@@ -11,16 +11,14 @@ fsynced before the plugins run.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import re
-import stat
 import time
 from pathlib import Path
 from typing import Any
 
-from pycri import parsefail
+from pycri import boundedjson, parsefail
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.together import in_thread
 
@@ -33,21 +31,6 @@ SET_ASIDE = ".set-aside"
 # One entry holds a network's config and a plugin's result: kilobytes. Past this it is
 # not one pycri wrote.
 MAX_ENTRY = 4 * 1024 * 1024
-
-
-def _read_entry(path: Path) -> bytes:
-    """A regular file's bytes, at most MAX_ENTRY; OSError otherwise."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        data = os.read(fd, MAX_ENTRY + 1)
-        if len(data) > MAX_ENTRY:
-            raise OSError(errno.EFBIG, f"larger than {MAX_ENTRY} bytes")
-        return data
-    finally:
-        os.close(fd)
 
 
 class CorruptEntry(FailedPrecondition):
@@ -129,7 +112,7 @@ class ResultCache:
         entries = []
         for n in names:
             try:
-                entry = json.loads(_read_entry(d / n))
+                entry = json.loads(boundedjson.read_file(d / n, MAX_ENTRY))
             except ValueError as e:
                 raise CorruptEntry(f"CNI cache file {d / n} is "
                                    f"{parsefail.invalid('JSON', e)}") from None
