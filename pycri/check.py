@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pycri import cgroups
-from pycri.cadvisor.door import answers
+from pycri.cadvisor.door import DEAD, DOOR, FREE, SERVED, answers, holder
 from pycri.config import CheckpointConfig, Config
 from pycri.criu.support import Probe, probe_criu, probe_runtime
 from pycri.oci import mounts, userns
@@ -296,19 +296,16 @@ def _cadvisor(cfg: Config) -> Check:
     if not default:
         return Check(name, True, f"{serving}; cadvisor.default_path is empty: {flag}")
     path = Path(default)
-    try:
-        target = os.readlink(path)
-    except FileNotFoundError:
+    held = holder(path, door)
+    if held == FREE:
         return Check(name, True, f"{serving}; {path} is free: pycri links it at start")
-    except OSError:  # not a link: whose is it?
-        target = ""
-    if target == str(door):
+    if held == DOOR:
         return Check(name, True, f"{serving}; {path} leads to it")
-    if answers(path):
+    if held == SERVED:
         return Check(name, False, f"{serving}; {path} is served by another process (a "
                      "containerd?): a kubelet with default flags sees its containers, not "
                      "pycri's", flag, optional=True)
-    if target or path.is_socket():
+    if held == DEAD:
         return Check(name, True, f"{serving}; {path} is a dead socket: pycri takes it at start")
     return Check(name, False, f"{serving}; {path} is not a socket, and pycri leaves it be",
                  f"remove {path}, or {flag}", optional=True)

@@ -164,26 +164,38 @@ class Claim:
     made_dir: Path | None
 
 
+# Who holds cAdvisor's default path (`holder`).
+FREE, DOOR, SERVED, DEAD, OTHER = "free", "door", "served", "dead", "other"
+
+
+def holder(path: Path, target: Path) -> str:
+    """FREE (nothing there), DOOR (our link to `target`), SERVED (a socket, or a link to
+    one, that answers: a containerd), DEAD (a socket or link nothing answers: what a
+    crashed containerd or pycri left) or OTHER (any other file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return FREE
+    if stat.S_ISLNK(st.st_mode) and os.readlink(path) == str(target):
+        return DOOR
+    if not stat.S_ISLNK(st.st_mode) and not stat.S_ISSOCK(st.st_mode):
+        return OTHER
+    return SERVED if answers(path) else DEAD
+
+
 def claim_default(path: Path, target: Path) -> Claim | None:
     """Point cAdvisor's default path at `target` by a symlink, unless something else
     has it: a live socket (a containerd), or any file that is not a socket or our own
     link. A dead socket or a dangling link (a crashed containerd or pycri) is replaced."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None:
-        if stat.S_ISLNK(st.st_mode):
-            if os.readlink(path) != str(target) and answers(path):
-                log.info("cadvisor: %s leads to a live socket; leaving it", path)
-                return None
-        elif not stat.S_ISSOCK(st.st_mode):
-            log.info("cadvisor: %s is not a socket; leaving it", path)
-            return None
-        elif answers(path):
-            log.warning("cadvisor: %s is served (a containerd?); the kubelet needs "
-                        "--containerd=%s to see pycri's containers", path, target)
-            return None
+    held = holder(path, target)
+    if held == SERVED:
+        log.warning("cadvisor: %s is served (a containerd?); the kubelet needs "
+                    "--containerd=%s to see pycri's containers", path, target)
+        return None
+    if held == OTHER:
+        log.info("cadvisor: %s is not a socket; leaving it", path)
+        return None
+    if held != FREE:
         path.unlink()
     made = None if path.parent.exists() else path.parent
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
