@@ -21,7 +21,9 @@ from pycri import cgroups
 from pycri.cadvisor.door import DEAD, DOOR, FREE, SERVED, answers, holder
 from pycri.config import CheckpointConfig, Config
 from pycri.criu.support import Probe, probe_criu, probe_runtime
+from pycri.network.cache import SET_ASIDE, ResultCache
 from pycri.oci import mounts, userns
+from pycri.store.db import count_set_aside
 
 NAMESPACES = ("mnt", "uts", "ipc", "pid", "net", "cgroup", "user")
 MIN_FREE_BYTES = 2 * 1024**3
@@ -256,19 +258,16 @@ def _set_aside(cfg: Config) -> Check:
     here only while no daemon holds the database) and pods' CNI caches."""
     name = "records set aside"
     found: list[str] = []
-    cni = Path(cfg.root) / "cni-cache" / ".set-aside"
-    with contextlib.suppress(OSError):
-        if n := len(os.listdir(cni)):
-            found.append(f"{n} pod CNI cache{'s' * (n > 1)} in {cni}")
+    cache = ResultCache(Path(cfg.root) / "cni-cache")
+    if n := cache.set_aside_count():
+        found.append(f"{n} pod CNI cache{'s' * (n > 1)} in {cache.root / SET_ASIDE}")
     db, held = cfg.db_path, ""
     if db.exists():
         try:
             conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)
             try:
-                rows = conn.execute("SELECT kind, count(*) FROM records WHERE kind >= "
-                                    "'set-aside:' AND kind < 'set-aside;' GROUP BY kind")
-                found += [f"{n} {str(k).removeprefix('set-aside:')} row{'s' * (n > 1)}"
-                          for k, n in rows]
+                found += [f"{n} {kind} row{'s' * (n > 1)}"
+                          for kind, n in count_set_aside(conn).items()]
             finally:
                 conn.close()
         except sqlite3.Error:

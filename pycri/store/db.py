@@ -85,6 +85,15 @@ def _decode(kind: object, rid: object, data: object) -> tuple[Record | None, str
     return record, ""
 
 
+def count_set_aside(db: sqlite3.Connection) -> dict[str, int]:
+    """`set-aside:<kind>` rows by kind, counted in the file where they stay for a person
+    to read (the daemon's Store, or `pycri check` reading the file itself)."""
+    rows = db.execute(
+        "SELECT kind, count(*) FROM records WHERE kind >= ? AND kind < ? GROUP BY kind",
+        _SET_ASIDE_RANGE).fetchall()
+    return {str(k).removeprefix(SET_ASIDE): int(n) for k, n in rows}
+
+
 class StoreLocked(RuntimeError):
     """Another process holds the metadata database."""
 
@@ -298,13 +307,9 @@ class Store:
         self._write(write)
 
     def set_aside_counts(self) -> dict[str, int]:
-        """How many rows of each kind are set aside (for /metrics): `set-aside:<kind>`
-        rows, counted in the file, where they stay for a person to read."""
+        """How many rows of each kind are set aside (for /metrics)."""
         with self._lock:
-            rows = self._db.execute(
-                "SELECT kind, count(*) FROM records WHERE kind >= ? AND kind < ? GROUP BY kind",
-                _SET_ASIDE_RANGE).fetchall()
-        return {str(k).removeprefix(SET_ASIDE): int(n) for k, n in rows}
+            return count_set_aside(self._db)
 
     def get(self, kind: str, rid: str) -> Record | None:
         return self._index.get(kind, {}).get(rid)
