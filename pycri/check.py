@@ -255,13 +255,19 @@ def _checkpoint(cfg: Config) -> Iterator[Check]:
 
 def _set_aside(cfg: Config) -> Check:
     """Stored state pycri could not use and kept for a person: database rows (readable
-    here only while no daemon holds the database) and pods' CNI caches."""
+    here only while no daemon holds the database), pods' CNI caches, and damaged
+    databases moved aside (their records were rebuilt from the node)."""
     name = "records set aside"
     found: list[str] = []
     cache = ResultCache(Path(cfg.root) / "cni-cache")
     if n := cache.set_aside_count():
         found.append(f"{n} pod CNI cache{'s' * (n > 1)} in {cache.root / SET_ASIDE}")
     db, held = cfg.db_path, ""
+    damaged = sorted(p.name for p in db.parent.glob(f"{db.name}.damaged-*")
+                     if not p.name.endswith(("-wal", "-shm"))) if db.parent.is_dir() else []
+    if damaged:  # moved aside at a start, and the records rebuilt from the node
+        found.append(f"{len(damaged)} damaged database{'s' * (len(damaged) > 1)} in "
+                     f"{db.parent} ({', '.join(damaged)})")
     if db.exists():
         try:
             conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=0)

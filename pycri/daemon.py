@@ -46,6 +46,7 @@ from pycri.nri import domain as nri_domain
 from pycri.nri.adaptation import Adaptation
 from pycri.nri.resources import apply_updates
 from pycri.oci import mounts, userns
+from pycri.rebuild import rebuild
 from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
 from pycri.server import wire
@@ -190,9 +191,11 @@ class Daemon:
         procs.set_max_concurrent(cfg.helpers.max_concurrent)
         pinned = [cfg.pause_image] if cfg.pause_image else []
         self.images = images = ImageManager(root, cfg.images, store, pinned)
-        images.recover()
         self.cni = cni = CNIManager.from_config(cfg.cni, root / "cni-cache")
         self.launcher = launcher = Launcher(cfg, self.reaper)
+        if store.damaged is not None:  # before recover(), which sweeps what no record holds
+            await rebuild(store, launcher, images, cni)
+        images.recover()
         bus = EventBus()
         self.nri = nri = Adaptation(cfg.nri)
         sandboxes = SandboxManager(cfg, store, launcher, cni, images, bus, nri)

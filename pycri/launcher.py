@@ -26,6 +26,7 @@ from pycri.monitor.exits import ExitWatcher, parse_exit_code
 from pycri.monitor.probe import Fact, Probe, is_alive, is_same
 from pycri.monitor.reaper import Reaper
 from pycri.oci.runtime import OCIRuntime, OCIRuntimeError, criu_errors
+from pycri.store import beside
 from pycri.store.identity import Identity
 
 log = logging.getLogger(__name__)
@@ -133,12 +134,19 @@ class Launcher:
 
     # -- lifecycle -------------------------------------------------------------------
 
-    def write_bundle(self, oid: str, spec: dict[str, Any]) -> Path:
-        """The bundle directory with the spec, for a process created now or restored later."""
+    def write_bundle(self, oid: str, spec: dict[str, Any], record: bytes) -> Path:
+        """The bundle directory with the spec, for a process created now or restored
+        later, and the object's `record` (store/beside.py: what a damaged database is
+        rebuilt from), made with its final mode (it holds the request's env values)."""
         bundle = self.bundle_dir(oid)
         bundle.mkdir(parents=True, exist_ok=False, mode=0o700)
         try:
             (bundle / "config.json").write_text(json.dumps(spec))
+            fd = os.open(bundle / beside.NAME,
+                         os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)
+            with open(fd, "wb") as f:
+                f.write(record)
         except BaseException:
             shutil.rmtree(bundle, ignore_errors=True)
             raise
@@ -151,12 +159,13 @@ class Launcher:
         handler: str,
         log_path: Path,
         *,
+        record: bytes,
         tty: bool = False,
         stdin: bool = False,
         stdin_once: bool = False,
     ) -> conmon.Created:
         """Write the bundle and have conmon create the process; undone on failure."""
-        bundle = self.write_bundle(oid, spec)
+        bundle = self.write_bundle(oid, spec, record)
         try:
             return await self._run_monitor(oid, handler, log_path, "create", tty=tty,
                                            stdin=stdin, stdin_once=stdin_once)

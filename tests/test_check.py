@@ -183,4 +183,9 @@ def test_check_names_what_was_set_aside(tmp_path: Path) -> None:
     found = _set_aside(cfg)
     assert not found.ok and found.optional
     assert found.detail == (f"1 pod CNI cache in {aside.parent}, 2 sandbox rows")
+    for name in ("pycri.db.damaged-20261207T101010Z", "pycri.db.damaged-20261207T101010Z-wal"):
+        (Path(cfg.root) / name).write_bytes(b"junk")
+    found = _set_aside(cfg)
+    assert found.detail == (f"1 pod CNI cache in {aside.parent}, 1 damaged database in "
+                            f"{cfg.root} (pycri.db.damaged-20261207T101010Z), 2 sandbox rows")
     assert "SECRET" not in found.detail + found.fix

@@ -27,7 +27,8 @@ from pycri.names import new_id
 from pycri.nri.apply import apply_adjustment
 from pycri.oci import mounts, spec, userns
 from pycri.oci.rootfs import pin_mount_destinations
-from pycri.store.container import Container
+from pycri.store import beside
+from pycri.store.container import KIND, Container
 from pycri.store.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,8 @@ class ContainerCreate(ContainerSpec):
             async with step("checking the checkpoint against the request"):
                 await asyncio.to_thread(creds.check, restore / archive.CHECKPOINT_DIR, doc)
             async with step("writing the bundle"):
-                bundle = await asyncio.to_thread(self.launcher.write_bundle, c.id, doc)
+                bundle = await asyncio.to_thread(self.launcher.write_bundle, c.id, doc,
+                                                 _beside(c))
                 undo.push_async_callback(self.launcher.delete, c.id, c.handler)
                 images = bundle / archive.CHECKPOINT_DIR
                 await asyncio.to_thread(os.rename, restore / archive.CHECKPOINT_DIR, images)
@@ -215,6 +217,7 @@ class ContainerCreate(ContainerSpec):
                 doc,
                 c.handler,
                 self._monitor_log(c),
+                record=_beside(c),
                 tty=config.tty,
                 stdin=config.stdin,
                 stdin_once=config.stdin_once,
@@ -225,6 +228,14 @@ class ContainerCreate(ContainerSpec):
         # copies would only keep the source's mount points busy (EBUSY on rmdir).
         await asyncio.to_thread(self._unstage, c)
         return doc
+
+
+def _beside(c: Container) -> bytes:
+    """The record kept in the bundle, with the rootfs and image volumes it holds."""
+    snaps = {c.id: beside.Snapshot(c.image_id, view=False)}
+    snaps |= {key: beside.Snapshot(c.mount_image_ids[i], view=True)
+              for i, key in c.image_volumes()}
+    return beside.encode(KIND, c.id, c.to_record(), snaps)
 
 
 def _with_pod_namespaces(

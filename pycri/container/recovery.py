@@ -15,7 +15,7 @@ from pycri.container.base import RUNNING_STATES
 from pycri.container.lifecycle import ContainerLifecycle
 from pycri.errors import PycriError
 from pycri.monitor.execsync import sweep_orphans
-from pycri.monitor.probe import Fact, Probe, identity_of
+from pycri.monitor.probe import Fact, Probe, identity_of, started_ns
 from pycri.oci import mounts
 from pycri.recovery import probed
 from pycri.store.container import Container
@@ -120,10 +120,13 @@ class ContainerRecovery(ContainerLifecycle):
                     and state.get("pid") == cur.pid and (init := identity_of(cur.pid))):
                 cur.pid_start, changed = init.start, True  # an older pycri's record
             if cur.state == pb.CONTAINER_CREATED and status == "running":
-                # A crash after the runtime started it but before the record said so: it
-                # runs, so it must not stay CREATED (a second StartContainer would fail
-                # and call it exited). The start time is when this was found.
-                cur.state, cur.started_at, changed = pb.CONTAINER_RUNNING, time.time_ns(), True
+                # A crash after the runtime started it but before the record said so (or
+                # a record rebuilt from its bundle): it runs, so it must not stay CREATED
+                # (a second StartContainer would fail and call it exited). Its start time
+                # is its process's, else when this was found.
+                started = started_ns(cur.pid_start) if cur.pid_start else 0
+                cur.state, changed = pb.CONTAINER_RUNNING, True
+                cur.started_at = started or time.time_ns()
             if changed:
                 self.containers.save(cur)
 

@@ -124,6 +124,15 @@ class ImageBase:
     def _in_use(self, image_id: str) -> bool:
         return any(r.get("image_id") == image_id for _, r in self._store.items(SNAPSHOT))
 
+    def _unpacked_size(self, chains: Iterable[str]) -> int:
+        """Disk the image's layers take once unpacked: what it costs a node to hold it."""
+        total = 0
+        for chain in chains:
+            rec = self._store.get(LAYER, chain)
+            n = rec.get("bytes") if rec else None
+            total += n if isinstance(n, int) and _count(n) else 0
+        return total
+
     def set_pinned(self, refs: Iterable[str]) -> None:
         """The images the config names (the pause image): reported pinned to the kubelet,
         so its image GC leaves them; replaced on reload."""

@@ -16,7 +16,8 @@ ImageManager is composed of one mixin per story over ImageBase (base.py: the sta
 the record index and the mark-and-sweep), so mypy checks each against the shared
 attributes: pull.py (the pull pipeline), rootfs.py (container root filesystems and
 image views); this module keeps the queries on the records, removal, accounting and
-recovery.
+recovery; found.py makes the records again from the disk when a damaged database
+was set aside.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 from pycri import errors
 from pycri.image import schema
 from pycri.image.base import IMAGE, LAYER, SNAPSHOT, _count, _strings
+from pycri.image.found import ImageFound
 from pycri.image.pull import ImagePull
 from pycri.image.rootfs import ImageRootfs
 from pycri.image.snapshots import _umount, is_mounted
@@ -40,7 +42,7 @@ from pycri.store.db import Record
 log = logging.getLogger("pycri.image")
 
 
-class ImageManager(ImagePull, ImageRootfs):
+class ImageManager(ImagePull, ImageRootfs, ImageFound):
     """Every image of the node, the records that name them and the snapshots over them."""
 
     # ---- records -----------------------------------------------------------------------

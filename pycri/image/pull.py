@@ -266,14 +266,6 @@ class ImagePull(ImageBase):
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
 
-    def _unpacked_size(self, chains: builtins.list[str]) -> int:
-        """Disk the image's layers take once unpacked: what it costs a node to hold it."""
-        total = 0
-        for chain in chains:
-            rec = self._store.get(LAYER, chain)
-            n = rec.get("bytes") if rec else None
-            total += n if isinstance(n, int) else 0
-        return total
 
     def _commit(self, r: reference.Reference, top: str, config_digest: str,
                 config: dict[str, Any], blobs: builtins.list[str],

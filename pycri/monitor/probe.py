@@ -35,6 +35,17 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def started_ns(start: int) -> int:
+    """A process's start time (clock ticks after boot) in ns since the epoch, to the
+    second of the boot time (/proc/stat's btime); 0 if that cannot be read."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return 0
+    return btime * 10**9 + start * 10**9 // os.sysconf("SC_CLK_TCK")
+
+
 def identity_of(pid: int) -> Identity | None:
     """The identity of the live process `pid` (read when pycri has just created it)."""
     start = start_time(pid) if pid > 0 else None

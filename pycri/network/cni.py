@@ -14,6 +14,7 @@ that is harmless: the iptables rules are gone too.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -470,6 +471,22 @@ class CNIManager:
         """
         check_id(pod.sandbox_id)
         await self._teardown_entries(pod, raise_errors=True)
+
+    def cached_ips(self, sandbox_id: str) -> list[str] | None:
+        """The pod's addresses as its cache says (a damaged database's rebuild): None
+        when it has no cache (its network was torn down), [] when the cache cannot
+        say (an ADD cut short, a damaged entry: the teardown still finds what it can)."""
+        try:
+            entries = self.cache.read_all(sandbox_id)
+        except CorruptEntry:
+            return []
+        if not entries:
+            return None
+        for entry in entries:
+            if entry.get("seq") == 1 and isinstance(entry.get("result"), dict):
+                with contextlib.suppress(KeyError, TypeError, ValueError, AttributeError):
+                    return list(NetworkResult.from_cni(entry["result"]).ips)
+        return []
 
     async def teardown_rebuilt(self, pod: PodNetwork, why: CorruptEntry) -> None:
         """The pod's network, torn down when its cache cannot say how (a truncated or

@@ -17,7 +17,8 @@ from pycri.oci import mounts, seccomp, selinux, spec
 from pycri.oci.rootfs import pin_mount_destinations
 from pycri.oci.users import ResolvedUser
 from pycri.sandbox.base import SandboxBase
-from pycri.store.sandbox import Sandbox
+from pycri.store import beside
+from pycri.store.sandbox import KIND, Sandbox
 from pycri.together import in_thread
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,12 @@ class Infra(SandboxBase):
         owner = (idmap.uid, idmap.gid) if idmap else None
         image: spec.ImageConfig | None = None
         rootfs = self.pod_dir(sb.id) / "rootfs"
+        snapshots: dict[str, beside.Snapshot] = {}
         if self.cfg.pause_image:
             async with step(f"preparing the pause image {self.cfg.pause_image}"):
                 undo.push_async_callback(self.images.remove_rootfs, sb.id)  # absent is fine
-                image, rootfs = await self._pause_rootfs(sb, idmap)
+                image_id, image, rootfs = await self._pause_rootfs(sb, idmap)
+                snapshots[sb.id] = beside.Snapshot(image_id, view=False)
         else:
             rootfs.mkdir(exist_ok=True)
             if owner is not None:  # runc makes /proc, /dev, ... in it as the pod's root
@@ -47,8 +50,8 @@ class Infra(SandboxBase):
                     mounts.stage_rootfs, str(rootfs), staging, idmap.uid, idmap.gid)
             spec_doc = await asyncio.to_thread(self._infra_spec, sb, rootfs, image)
             created = await self.launcher.create(
-                sb.id, spec_doc, sb.handler, self.state_dir(sb.id) / "infra.log"
-            )
+                sb.id, spec_doc, sb.handler, self.state_dir(sb.id) / "infra.log",
+                record=beside.encode(KIND, sb.id, sb.to_record(), snapshots))
             undo.push_async_callback(self.launcher.delete, sb.id, sb.handler)
             undo.push_async_callback(self._kill_infra, sb)
             await self.launcher.start(sb.id, sb.handler)
@@ -57,13 +60,14 @@ class Infra(SandboxBase):
 
     async def _pause_rootfs(
         self, sb: Sandbox, idmap: Idmap | None
-    ) -> tuple[spec.ImageConfig, Path]:
-        """The configured pause image's rootfs (pulled on first use; pinned by config)."""
+    ) -> tuple[str, spec.ImageConfig, Path]:
+        """The configured pause image's ID and rootfs (pulled on first use; pinned by
+        config)."""
         ref = self.cfg.pause_image
         image = self.images.status(ref)
         image_id = image.id if image else await self.images.pull(ref)
         rootfs = await self.images.prepare_rootfs(sb.id, image_id, idmap)
-        return spec.ImageConfig.from_oci(self.images.image_config(image_id)), rootfs
+        return image_id, spec.ImageConfig.from_oci(self.images.image_config(image_id)), rootfs
 
     def _infra_spec(
         self, sb: Sandbox, rootfs: Path, image: spec.ImageConfig | None

@@ -16,6 +16,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -99,7 +100,12 @@ class StoreLocked(RuntimeError):
 
 
 class StoreDamaged(RuntimeError):
-    """The metadata database cannot be read as one."""
+    """The metadata database cannot be read as one (moved aside at open)."""
+
+
+# The row that says a damaged database was moved aside and the new one's records are
+# still being rebuilt from the node: a start that finds it rebuilds (again).
+REBUILD = ("rebuild", "pending")
 
 
 class Store:
@@ -113,7 +119,29 @@ class Store:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # Where a damaged database was moved, while its records are being rebuilt from
+        # the node (pycri/rebuild.py); None once they are, and for a sound database.
+        self.damaged: str | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._open()
+        except StoreDamaged as e:
+            try:
+                aside = self._move_aside()
+            except OSError as err:
+                raise StoreDamaged(f"{e}, and could not be moved aside: "
+                                   f"{err.strerror or err}") from None
+            log.error("%s; moved it to %s and starting a new one: the records of what runs "
+                      "on the node are rebuilt from disk", e, aside)
+            self._open()
+            self.put(REBUILD[0], REBUILD[1], {"damaged": str(aside)})
+        pending = self.get(*REBUILD)
+        if pending is not None:  # this start, or one a crash cut short during the rebuild
+            damaged = pending.get("damaged")
+            self.damaged = damaged if isinstance(damaged, str) else "?"
+
+    def _open(self) -> None:
+        path = self.path
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                    timeout=_OPEN_WAIT)
         os.chmod(path, 0o600)  # container configs carry env values from Secrets
@@ -132,6 +160,7 @@ class Store:
         except sqlite3.DatabaseError as e:
             raise self._damaged(e) from None
         try:
+            self._check()
             self._load()
         except sqlite3.DatabaseError as e:
             if isinstance(e, sqlite3.OperationalError):  # a full disk, say: as it is
@@ -139,13 +168,38 @@ class Store:
                 raise
             raise self._damaged(e) from None
 
+    def _check(self) -> None:
+        """SQLite's quick check, stopped at the first problem: the file's pages and
+        records are sound (a torn page the WAL did not heal, a truncated file)."""
+        (first,) = self._db.execute("PRAGMA quick_check(1)").fetchone()
+        if first != "ok":
+            raise sqlite3.DatabaseError(str(first)[:200])
+
     def _damaged(self, e: sqlite3.DatabaseError) -> StoreDamaged:
         """Not a database, or torn past what the WAL heals (SQLITE_NOTADB, _CORRUPT)."""
         self._db.close()
-        return StoreDamaged(
-            f"metadata database {self.path} is damaged ({e}); pycri does not rebuild it "
-            "from disk yet: keep the file for a person to read, move it aside and start "
-            "again (the pods that run now are then unknown to pycri)")
+        return StoreDamaged(f"metadata database {self.path} is damaged ({e})")
+
+    def _move_aside(self) -> Path:
+        """Keep the damaged file, and its journal, for a person to read, under a dated
+        name beside it; never deleted."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = self.path.with_name(f"{self.path.name}.damaged-{stamp}-{n}")
+        for suffix in ("-wal", "-shm"):
+            journal = Path(f"{self.path}{suffix}")
+            if journal.exists():
+                os.rename(journal, f"{aside}{suffix}")
+        os.rename(self.path, aside)
+        return aside
+
+    def rebuilt(self) -> None:
+        """The rebuild of a damaged database's records is done (pycri/rebuild.py)."""
+        self.delete(*REBUILD)
+        self.damaged = None
 
     def _load(self) -> None:
         path = self.path
