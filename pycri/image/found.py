@@ -46,6 +46,8 @@ class ImageFound(ImageBase):
             if found is None:
                 continue
             iid, rec = found
+            if self._store.get(IMAGE, iid) is not None:
+                continue  # recorded, with its names (one row set aside at a start)
             if iid in images:  # one config under two manifests: one image
                 rec["blobs"] = sorted(set(rec["blobs"]) | set(images[iid]["blobs"]))
             images[iid] = rec

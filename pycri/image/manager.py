@@ -26,10 +26,11 @@ import builtins
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pycri import errors
-from pycri.image import schema
+from pycri.image import rows, schema
 from pycri.image.base import IMAGE, LAYER, SNAPSHOT, _count, _strings
 from pycri.image.found import ImageFound
 from pycri.image.pull import ImagePull
@@ -48,9 +49,10 @@ class ImageManager(ImagePull, ImageRootfs, ImageFound):
     # ---- records -----------------------------------------------------------------------
 
     def _image(self, iid: str, rec: Record) -> Image:
-        """The CRI view of a record, built defensively: records are checked when pulled,
-        but one stored by an older pycri may hold anything, and it must still be listed
-        (so that it can be seen and removed) without breaking the others."""
+        """The CRI view of a record, built defensively: a row's types are checked when it
+        is loaded (rows.py), but the values an older pycri's pull accepted (a config
+        that is not an object, annotations past the bound) must still be listed, so
+        that the image can be seen and removed, without breaking the others."""
         rec = rec if isinstance(rec, dict) else {}
         config = rec.get("config")
         config = config if isinstance(config, dict) else {}
@@ -115,6 +117,49 @@ class ImageManager(ImagePull, ImageRootfs, ImageFound):
 
     # ---- accounting and recovery -------------------------------------------------------
 
+    def _check_rows(self) -> None:
+        """Each stored row checked by its type (rows.py), once, at start; one that fails
+        is logged with its key and reason (never its contents) and made again from the
+        disk where it can be: a layer's sizes counted again; an image set aside and
+        found again in the content store (without its tags); a snapshot set aside and
+        held again by the image its container was made from, so its rootfs stays until
+        the container goes."""
+        for chain, rec in self._store.items(LAYER):
+            if why := _problem(rows.check_layer, chain, rec):
+                self._recount(chain, rec, why)
+        lost = 0
+        for iid, rec in self._store.items(IMAGE):
+            if why := _problem(rows.check_image, iid, rec):
+                log.error("%s; set aside", why)
+                self._store.set_aside(IMAGE, iid)
+                lost += 1
+        if lost:
+            found = self.rebuild({}, ())
+            log.warning("%d image record(s) set aside; %d image(s) found again in the content "
+                        "store, listed by ID until a pull names them", lost, found)
+        for key, rec in self._store.items(SNAPSHOT):  # after the images they are held by
+            if why := _problem(rows.check_snapshot, key, rec):
+                log.error("%s; set aside, and held again by its image", why)
+                self._store.set_aside(SNAPSHOT, key)
+                self._hold_again(key, rec)
+
+    def _recount(self, chain: str, rec: Record, why: str) -> None:
+        """A damaged layer row: the layer on disk says its sizes again."""
+        if not (self._layers / chain).is_dir():
+            return  # deleted by recover() with the other rows of absent layers
+        used, inodes = disk_usage(self._layers / chain)
+        log.warning("%s; its size was counted again from disk", why)
+        diff_id = rec.get("diff_id")
+        self._store.put(LAYER, chain, {"diff_id": diff_id if isinstance(diff_id, str) else "",
+                                       "bytes": used, "inodes": inodes})
+
+    def _hold_again(self, key: str, rec: Record) -> None:
+        iid = rec.get("image_id")
+        image = self._store.get(IMAGE, iid) if isinstance(iid, str) else None
+        held = {"image_id": iid, "chain_ids": image["chain_ids"]} if image else {
+            "image_id": "", "chain_ids": []}
+        self._store.put(SNAPSHOT, key, {**held, "view": rec.get("view") is True})
+
     def fs_info(self) -> FsUsage:
         """Image filesystem usage from the records (no tree walk on this periodic call)."""
         used = inodes = 0
@@ -131,17 +176,10 @@ class ImageManager(ImagePull, ImageRootfs, ImageFound):
         self.content.recover()
         for p in list(self._tmp.iterdir()):
             shutil.rmtree(p, ignore_errors=True)
-        for chain, rec in self._store.items(LAYER):
+        self._check_rows()
+        for chain, _ in self._store.items(LAYER):
             if not (self._layers / chain).is_dir():
                 self._store.delete(LAYER, chain)
-            elif not all(_count(rec.get(k)) for k in ("bytes", "inodes")):
-                # A damaged row (its sizes not counts): the layer on disk says them again.
-                used, inodes = disk_usage(self._layers / chain)
-                log.warning("layer %s had a damaged record; its size was counted again from "
-                            "disk", chain)
-                diff_id = rec.get("diff_id")
-                self._store.put(LAYER, chain, {"diff_id": diff_id if isinstance(
-                    diff_id, str) else "", "bytes": used, "inodes": inodes})
         for iid, rec in self._store.items(IMAGE):
             # Only unpacked layers matter for running it: a layer blob may never have been
             # fetched (its chain was already unpacked for another image) or swept since.
@@ -164,3 +202,12 @@ class ImageManager(ImagePull, ImageRootfs, ImageFound):
         for t in self._mark_and_move():
             shutil.rmtree(t, ignore_errors=True)
         self._reindex()
+
+
+def _problem(check: Callable[[str, Record], None], rid: str, rec: Record) -> str:
+    """What is wrong with a row ("" if nothing): its key and reason, never its contents."""
+    try:
+        check(rid, rec)
+    except (TypeError, ValueError) as e:
+        return str(e)
+    return ""

@@ -43,8 +43,9 @@ def _fits(v: object, tp: Any) -> bool:
         (item,) = typing.get_args(tp)
         return isinstance(v, list) and all(_fits(x, item) for x in v)
     if origin is dict:
-        key, _ = typing.get_args(tp)
-        return isinstance(v, dict) and all(_fits(k, key) for k in v)
+        key, value = typing.get_args(tp)
+        return isinstance(v, dict) and all(_fits(k, key) and _fits(x, value)
+                                           for k, x in v.items())
     return True  # Any, and the messages the caller decodes itself
 
 

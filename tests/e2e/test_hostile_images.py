@@ -60,6 +60,9 @@ def test_hostile_pulls_and_stored_records(node: Node, registry: Registry, tmp_pa
         store.close()
         node.start()
 
+        # Those of the wrong types are set aside at the start (pycri/image/rows.py).
+        planted = {t: i for t, i in planted.items() if t.split("/")[2].split(":")[0] not in
+                   hostile.MISTYPED}
         assert {i.id for i in _images(node)} == {good, *planted.values()}
         for tag, iid in planted.items():  # what `crictl rmi <tag>` does
             st = node.cri.image.ImageStatus(pb.ImageStatusRequest(

@@ -159,3 +159,33 @@ async def test_a_damaged_snapshot_row_never_keeps_its_rootfs(make_manager: Maker
     assert image is not None and m.status(iid) is not None
     assert image["chain_ids"] and all(m._store.get(LAYER, c) is not None
                                       for c in image["chain_ids"])
+
+
+async def test_damaged_rows_are_set_aside_at_start_and_made_again_from_disk(
+        make_manager: Maker, refs: dict[str, str]) -> None:
+    """Issue 38, item 1: an image or snapshot row of the wrong shape is set aside when
+    the manager loads it (image/rows.py), and what it described is made again from the
+    disk: the image from its content (listed by ID, without its tag), the running
+    container's rootfs held again by its image, so neither is swept."""
+    m = make_manager()
+    iid = await m.pull(refs["busybox"])
+    before = m._store.get(IMAGE, iid)
+    assert before is not None
+    root = await m.prepare_rootfs("c1", iid)
+    (root / "kept").write_text("x")
+    m._store.put(IMAGE, iid, {**before, "blobs": "sha256:not-a-list"})
+    m._store.put(SNAPSHOT, "c1", {"image_id": iid, "chain_ids": [7], "view": False})
+    m2 = make_manager(root=m.root)
+    m2.recover()
+    assert m2._store.set_aside_counts() == {"image": 1, "image_snapshot": 1}
+    found = m2.status(iid)
+    assert found is not None and not found.repo_tags and found.size == before["size"]
+    assert m2._store.get(IMAGE, iid)["chain_ids"] == before["chain_ids"]  # type: ignore[index]
+    assert m2._store.get(SNAPSHOT, "c1") == {"image_id": iid, "chain_ids": before["chain_ids"],
+                                             "view": False}
+    assert (root / "kept").read_text() == "x" and is_mounted(root)
+    await m2.remove_rootfs("c1")
+    assert not m2.snapshots.dir("c1").exists()
+    # Found again, it is an image like any other: a pull names it, a removal frees it.
+    assert await m2.pull(refs["busybox"]) == iid
+    assert m2.status(refs["busybox"]) is not None

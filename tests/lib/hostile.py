@@ -243,6 +243,10 @@ PLANTED: dict[str, dict[str, Any]] = {
     "annotations-surrogate": {"annotations": {"a": "\ud800"}},
     "fields-wrong-types": {"config": "x", "size": "big", "repo_digests": None, "blobs": 7},
 }
+# The planted rows whose fields are not of their types: set aside at the next start
+# (pycri/image/rows.py); the others are listed, so that they can be seen and removed.
+MISTYPED = {"annotations-not-strings", "annotations-not-object", "annotations-surrogate",
+            "fields-wrong-types"}
 
 
 def build(name: str, canary: Path) -> HostileImage:
