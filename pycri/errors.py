@@ -33,6 +33,10 @@ class FailedPrecondition(PycriError):
     """The request is well-formed but the object's state forbids it."""
 
 
+class PermissionDenied(PycriError):
+    """A party pycri asked on the caller's behalf (a registry) refused it."""
+
+
 class ResourceExhausted(PycriError):
     """The node ran out of something the request needs (disk space, a bounded budget)."""
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import logging
 import ssl
@@ -26,6 +27,8 @@ import httpx
 
 from pycri import errors, metrics
 from pycri.config import ImagesConfig
+from pycri.image import answers
+from pycri.image.answers import AccessDenied, RegistryRefused
 from pycri.image.auth import Auth, parse_challenge
 from pycri.image.content import BlobWriter, DigestMismatch
 from pycri.image.regconf import Endpoint, is_loopback
@@ -43,10 +46,6 @@ MAX_MANIFEST = 4 << 20
 MAX_TOKENS = 256
 # Blobs are read and written in pieces of this size; each one is progress.
 CHUNK = 1 << 20
-
-
-class RegistryError(errors.PycriError):
-    """The registry refused or failed a request (auth, server error, bad content)."""
 
 
 class ManifestNotFound(errors.NotFound):
@@ -157,8 +156,12 @@ class RegistryClient:
         dog.progress()
         if resp.status_code != 401:
             return resp
-        await resp.aclose()
         challenge = resp.headers.get("www-authenticate", "")
+        try:
+            if not challenge:  # a refusal that asks for nothing
+                await _check_status(resp, f"{ep.api_host}/{ep.repository}")
+        finally:
+            await resp.aclose()
         value = await self._authorize(client, challenge, ep, auth, dog)
         self._tokens[key] = value
         while len(self._tokens) > MAX_TOKENS:  # rotating credentials must not pile up
@@ -169,7 +172,7 @@ class RegistryClient:
         if resp.status_code == 401:
             await resp.aclose()
             self._tokens.pop(key, None)
-            raise RegistryError(f"{ep.api_host}/{ep.repository}: credentials refused")
+            raise AccessDenied(f"{ep.api_host}/{ep.repository}: credentials refused")
         return resp
 
     async def _authorize(
@@ -182,36 +185,36 @@ class RegistryClient:
         creds = auth.basic() if auth else None
         if scheme == "basic":
             if creds is None:
-                raise RegistryError(f"{where}: unauthorized (registry wants credentials)")
+                raise AccessDenied(f"{where}: unauthorized (registry wants credentials)")
             return _basic_header(*creds)
         if scheme != "bearer" or "realm" not in params:
-            raise RegistryError(f"{where}: unsupported auth challenge {challenge!r}")
+            raise RegistryRefused(f"{where}: unsupported auth challenge "
+                                  f"({scheme[:32]!r} without a realm, or not basic or bearer)")
         if auth and auth.registry_token:
             return f"Bearer {auth.registry_token}"
         query = {"scope": f"repository:{ep.repository}:pull"}
         if params.get("service"):
             query["service"] = params["service"]
+        what = f"{where}: token service"
         try:
             if auth and auth.identity_token:
                 form = {**query, "grant_type": "refresh_token", "client_id": "pycri",
                         "refresh_token": auth.identity_token}
-                r = await client.post(params["realm"], data=form)
+                request = client.build_request("POST", params["realm"], data=form)
             else:
-                basic = httpx.BasicAuth(*creds) if creds else None
-                r = await client.get(params["realm"], params=query, auth=basic)
+                basic = {"Authorization": _basic_header(*creds)} if creds else {}
+                request = client.build_request("GET", params["realm"], params=query,
+                                               headers=basic)
+            resp = await client.send(request, stream=True)
+            try:
+                dog.progress()
+                await _check_status(resp, what)
+                body = await answers.read_body(resp, answers.MAX_TOKEN_ANSWER, what)
+            finally:
+                await resp.aclose()
         except httpx.HTTPError as e:
-            raise errors.Unavailable(f"{where}: token service {params['realm']}: {e}") from None
-        dog.progress()
-        if r.status_code != 200:
-            raise RegistryError(f"{where}: token service refused ({r.status_code})")
-        try:
-            body = r.json()
-            token = body.get("token") or body.get("access_token")
-        except ValueError:
-            token = None
-        if not isinstance(token, str) or not token:
-            raise RegistryError(f"{where}: token service returned no token")
-        return f"Bearer {token}"
+            raise errors.Unavailable(f"{what} {params['realm']}: {e}") from None
+        return f"Bearer {answers.token(body, where)}"
 
     async def manifest(
         self, ep: Endpoint, obj: str, auth: Auth | None, expected: str | None = None
@@ -228,13 +231,8 @@ class RegistryClient:
             ):
                 if resp.status_code == 404:
                     raise ManifestNotFound(f"{what}: not found")
-                _check_status(resp, what)
-                _check_length(resp, MAX_MANIFEST, what)
-                data = bytearray()
-                async for chunk in resp.aiter_raw():
-                    data += chunk
-                    if len(data) > MAX_MANIFEST:
-                        raise _too_large(what, MAX_MANIFEST)
+                await _check_status(resp, what)
+                data = await answers.read_body(resp, MAX_MANIFEST, what)
                 ctype = resp.headers.get("content-type", "").split(";")[0].strip()
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
@@ -257,7 +255,7 @@ class RegistryClient:
             ):
                 if resp.status_code == 404:
                     raise errors.NotFound(f"{what}: not found")
-                _check_status(resp, what)
+                await _check_status(resp, what)
                 if w.size is not None:
                     _check_length(resp, w.size, what)
                 async for chunk in resp.aiter_raw(CHUNK):
@@ -296,19 +294,19 @@ def _basic_header(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
-def _too_large(what: str, limit: int) -> errors.InvalidArgument:
-    return errors.InvalidArgument(f"{what}: larger than {limit} bytes")
-
-
 def _check_length(resp: httpx.Response, limit: int, what: str) -> None:
     """Refuse a body its Content-Length says is over `limit` before reading any of it."""
     length = resp.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
-        raise _too_large(what, limit)
+        raise answers.too_large(what, limit)
 
 
-def _check_status(resp: httpx.Response, what: str) -> None:
-    if resp.status_code in (401, 403):
-        raise RegistryError(f"{what}: access denied ({resp.status_code})")
-    if resp.status_code != 200:
-        raise RegistryError(f"{what}: registry answered {resp.status_code}")
+async def _check_status(resp: httpx.Response, what: str) -> None:
+    """A non-200 answer as its domain error, with the spec's error codes its body names
+    (read bounded; a body that cannot be read names none)."""
+    if resp.status_code == 200:
+        return
+    body = b""
+    with contextlib.suppress(httpx.HTTPError, errors.PycriError):
+        body = await answers.read_body(resp, answers.MAX_ERROR_BODY, what)
+    raise answers.refusal(resp.status_code, answers.error_codes(body), what)

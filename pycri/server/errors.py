@@ -27,6 +27,7 @@ CODES: dict[type[errors.PycriError], grpc.StatusCode] = {
     errors.AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     errors.ResourceExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
     errors.Unavailable: grpc.StatusCode.UNAVAILABLE,
     errors.DeadlineExceeded: grpc.StatusCode.DEADLINE_EXCEEDED,

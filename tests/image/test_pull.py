@@ -11,10 +11,10 @@ import pytest
 
 from pycri import errors
 from pycri.api import api_pb2 as pb
+from pycri.image.answers import RegistryError
 from pycri.image.auth import Auth
 from pycri.image.content import DigestMismatch
 from pycri.image.manager import IMAGE, LAYER
-from pycri.image.registry import RegistryError
 from tests.image.conftest import Maker, serve
 from tests.lib import images
 from tests.lib.registry import BearerFront, Registry, StallFront, TrickleFront, free_port

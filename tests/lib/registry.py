@@ -238,6 +238,49 @@ class BearerFront(_FrontBase):
         h.wfile.write(body)
 
 
+class AnswerFront(BearerFront):
+    """A hostile token service, or registry: /token answers `body` (`size` bytes of it
+    repeated, chunked unless `length`); with `status`, the registry's own answers are
+    that status with `body` instead. `sent` counts the body bytes the socket took."""
+
+    def __init__(self, upstream: str, body: bytes, size: int = 0, length: bool = True,
+                 status: int = 0) -> None:
+        super().__init__(upstream, None)
+        self.body, self.size, self.length, self.status = body, size or len(body), length, status
+        self.sent = 0
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if self.status and not h.path.startswith("/token"):
+            self._answer(h, self.status)
+            return
+        super().handle(h)
+
+    def _token(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        self.token_requests.append(h.path)
+        self._answer(h, 200)
+
+    def _answer(self, h: http.server.BaseHTTPRequestHandler, status: int) -> None:
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        if self.length:
+            h.send_header("Content-Length", str(self.size))
+        else:
+            h.send_header("Transfer-Encoding", "chunked")
+        h.end_headers()
+        try:
+            left = self.size
+            while left > 0:
+                piece = (self.body * (1 + (64 << 10) // len(self.body)))[: min(left, 64 << 10)]
+                h.wfile.write(piece if self.length else b"%x\r\n%s\r\n" % (len(piece), piece))
+                h.wfile.flush()
+                self.sent += len(piece)
+                left -= len(piece)
+            if not self.length:
+                h.wfile.write(b"0\r\n\r\n")
+        except OSError:  # the client stopped reading: what a bound is for
+            h.close_connection = True
+
+
 class StallFront(_FrontBase):
     """mode "all": never answers; mode "blob": manifests pass, blobs stop half-way."""
 
