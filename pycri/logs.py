@@ -4,9 +4,30 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 
 from pycri.config import Config
+
+# A URL's userinfo and its query and fragment: where credentials ride (a presigned
+# redirect's signature, `user:password@`); the scheme, host and path are kept.
+_URL = re.compile(r"(?P<keep>[a-zA-Z][a-zA-Z0-9+.-]*://)(?:[^/\s@'\"]*@)?"
+                  r"(?P<path>[^\s?#'\"]*)(?:[?#][^\s'\"]*)?")
+
+
+def without_url_secrets(text: str) -> str:
+    """`text` with every URL in it cut to its scheme, host and path (issue 39)."""
+    return _URL.sub(r"\g<keep>\g<path>", text) if "://" in text else text
+
+
+class _NoURLSecrets(logging.Filter):
+    """Every line leaves with its URLs cut (httpx logs each request's URL at INFO)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if "://" in message:
+            record.msg, record.args = without_url_secrets(message), None
+        return True
 
 
 class JSONFormatter(logging.Formatter):
@@ -34,6 +55,7 @@ def setup_logging(cfg: Config) -> None:
         handler.setFormatter(JSONFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(_NoURLSecrets())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(cfg.log_level.upper())

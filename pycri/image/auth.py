@@ -4,29 +4,66 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pycri import errors
 
 
+class Secret:
+    """A credential: compares and hashes by its value (an Auth keys the token cache and
+    shared pulls), and never prints it, whatever formats it (str, repr, a log line's
+    %s, an f-string, an exception's text); `reveal` is the one way to the value, for
+    the request header or form that carries it."""
+
+    __slots__ = ("_value",)
+    SHOWN = "<redacted>"
+
+    def __init__(self, value: str = "") -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        return self._value
+
+    def __bool__(self) -> bool:
+        return bool(self._value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    def __repr__(self) -> str:
+        return self.SHOWN if self._value else "''"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        return format(repr(self), spec)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise TypeError("a Secret is not pickled")
+
+
 @dataclass(frozen=True)
 class Auth:
-    """CRI `AuthConfig`: user+password, `auth` (base64 "user:password"), or tokens."""
+    """CRI `AuthConfig`: user+password, `auth` (base64 "user:password"), or tokens; the
+    credentials are Secrets."""
 
     username: str = ""
-    password: str = ""
-    auth: str = ""
+    password: Secret = field(default_factory=Secret)
+    auth: Secret = field(default_factory=Secret)
     server_address: str = ""
-    identity_token: str = ""
-    registry_token: str = ""
+    identity_token: Secret = field(default_factory=Secret)
+    registry_token: Secret = field(default_factory=Secret)
 
     def basic(self) -> tuple[str, str] | None:
         """The username/password pair, decoding `auth` when that is what was given."""
         if self.username or self.password:
-            return self.username, self.password
+            return self.username, self.password.reveal()
         if self.auth:
             try:
-                raw = base64.b64decode(self.auth, validate=True).decode()
+                raw = base64.b64decode(self.auth.reveal(), validate=True).decode()
             except ValueError:  # not base64, not ASCII (b64decode's own ValueError), not UTF-8
                 raise errors.InvalidArgument("auth: not base64 of 'user:password'") from None
             user, sep, password = raw.partition(":")

@@ -32,6 +32,7 @@ from pycri.image.answers import AccessDenied, RegistryRefused
 from pycri.image.auth import Auth, parse_challenge
 from pycri.image.content import BlobWriter, DigestMismatch
 from pycri.image.regconf import Endpoint, is_loopback
+from pycri.logs import without_url_secrets
 from pycri.together import in_thread
 
 log = logging.getLogger("pycri.image.registry")
@@ -134,7 +135,7 @@ class RegistryClient:
             except Exception as e:
                 if _bad_address(e):
                     raise errors.InvalidArgument(
-                        f"registry address {ep.api_host!r} is not usable: {_leaf(e)}"
+                        f"registry address {ep.api_host!r} is not usable: {_said(_leaf(e))}"
                     ) from None
                 raise
             self._scheme[ep.api_host] = scheme
@@ -143,7 +144,7 @@ class RegistryClient:
             finally:
                 await resp.aclose()
             return
-        raise errors.Unavailable(f"cannot reach registry {ep.api_host}: {last}") from None
+        raise errors.Unavailable(f"cannot reach registry {ep.api_host}: {_said(last)}") from None
 
     async def _send(
         self, client: httpx.AsyncClient, url: str, headers: dict[str, str],
@@ -191,7 +192,7 @@ class RegistryClient:
             raise RegistryRefused(f"{where}: unsupported auth challenge "
                                   f"({scheme[:32]!r} without a realm, or not basic or bearer)")
         if auth and auth.registry_token:
-            return f"Bearer {auth.registry_token}"
+            return f"Bearer {auth.registry_token.reveal()}"
         query = {"scope": f"repository:{ep.repository}:pull"}
         if params.get("service"):
             query["service"] = params["service"]
@@ -199,7 +200,7 @@ class RegistryClient:
         try:
             if auth and auth.identity_token:
                 form = {**query, "grant_type": "refresh_token", "client_id": "pycri",
-                        "refresh_token": auth.identity_token}
+                        "refresh_token": auth.identity_token.reveal()}
                 request = client.build_request("POST", params["realm"], data=form)
             else:
                 basic = {"Authorization": _basic_header(*creds)} if creds else {}
@@ -213,7 +214,7 @@ class RegistryClient:
             finally:
                 await resp.aclose()
         except httpx.HTTPError as e:
-            raise errors.Unavailable(f"{what} {params['realm']}: {e}") from None
+            raise errors.Unavailable(f"{what} {_said(params['realm'])}: {_said(e)}") from None
         return f"Bearer {answers.token(body, where)}"
 
     async def manifest(
@@ -237,7 +238,7 @@ class RegistryClient:
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
-            raise errors.Unavailable(f"{what}: {e}") from None
+            raise errors.Unavailable(f"{what}: {_said(e)}") from None
         digest = "sha256:" + hashlib.sha256(data).hexdigest()
         if expected and digest != expected:
             raise DigestMismatch(f"{what}: content hashes to {digest}")
@@ -267,7 +268,7 @@ class RegistryClient:
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:
-            raise errors.Unavailable(f"{what}: {e}") from None
+            raise errors.Unavailable(f"{what}: {_said(e)}") from None
 
 
 _BAD_ADDRESS = (httpx.InvalidURL, OverflowError)
@@ -282,6 +283,11 @@ def _bad_address(e: BaseException) -> bool:
         )
         return other is None
     return isinstance(e, _BAD_ADDRESS)
+
+
+def _said(e: object) -> str:
+    """An error's (or a URL's) text for a message: its URLs without userinfo or query."""
+    return without_url_secrets(str(e))
 
 
 def _leaf(e: BaseException) -> BaseException:

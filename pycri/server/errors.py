@@ -17,7 +17,9 @@ from typing import Any, TypeVar
 import grpc
 
 from pycri import errors, metrics
+from pycri.api import api_pb2 as pb
 from pycri.gate import check_request
+from pycri.image.auth import Secret
 from pycri.server import oplog
 
 log = logging.getLogger("pycri.rpc")
@@ -189,5 +191,28 @@ def _finished_alone(name: str, work: asyncio.Future[Any]) -> None:
 
 
 def _short(request: Any) -> str:
-    text = str(request).replace("\n", " ")
+    text = str(_shown(request)).replace("\n", " ")
     return text if len(text) <= 300 else text[:300] + "…"
+
+
+_CREDENTIALS = ("password", "auth", "identity_token", "registry_token")
+REDACTED = Secret.SHOWN
+
+
+def _shown(request: Any) -> Any:
+    """The request as a debug line shows it: a PullImage's credentials and a container's
+    env values (a Secret's, often) as <redacted> (issue 39)."""
+    if isinstance(request, pb.PullImageRequest) and request.HasField("auth"):
+        shown = pb.PullImageRequest()
+        shown.CopyFrom(request)
+        for name in _CREDENTIALS:
+            if getattr(shown.auth, name):
+                setattr(shown.auth, name, REDACTED)
+        return shown
+    if isinstance(request, pb.CreateContainerRequest) and request.config.envs:
+        create = pb.CreateContainerRequest()
+        create.CopyFrom(request)
+        for kv in create.config.envs:
+            kv.value = REDACTED.encode()
+        return create
+    return request

@@ -12,7 +12,7 @@ from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc
 from pycri.config import ListsConfig
 from pycri.errors import InvalidArgument
-from pycri.image.auth import Auth
+from pycri.image.auth import Auth, Secret
 from pycri.image.manager import ImageManager
 from pycri.image.types import FsUsage, Image
 from pycri.server.errors import rpc
@@ -45,9 +45,9 @@ def _fs(u: FsUsage) -> pb.FilesystemUsage:
 
 def _auth(a: pb.AuthConfig) -> Auth | None:
     auth = Auth(
-        username=a.username, password=a.password, auth=a.auth,
-        server_address=a.server_address, identity_token=a.identity_token,
-        registry_token=a.registry_token,
+        username=a.username, password=Secret(a.password), auth=Secret(a.auth),
+        server_address=a.server_address, identity_token=Secret(a.identity_token),
+        registry_token=Secret(a.registry_token),
     )
     return auth if auth != Auth() else None
 

@@ -12,7 +12,7 @@ import pytest
 from pycri import errors
 from pycri.api import api_pb2 as pb
 from pycri.image.answers import RegistryError
-from pycri.image.auth import Auth
+from pycri.image.auth import Auth, Secret
 from pycri.image.content import DigestMismatch
 from pycri.image.manager import IMAGE, LAYER
 from tests.image.conftest import Maker, serve
@@ -160,18 +160,19 @@ async def test_basic_auth(make_manager: Maker, tmp_path: Path) -> None:
         with pytest.raises(RegistryError, match="credentials"):
             await m.pull(ref)
         with pytest.raises(RegistryError, match="refused"):
-            await m.pull(ref, Auth(username="alice", password="wrong"))
+            await m.pull(ref, Auth(username="alice", password=Secret("wrong")))
         _empty_state(m)
-        iid = await m.pull(ref, Auth(username="alice", password="s3cret"))
+        iid = await m.pull(ref, Auth(username="alice", password=Secret("s3cret")))
         await m.remove(iid)
         with pytest.raises(RegistryError):  # one caller's credentials are not reused for another
             await m.pull(ref)
-        assert await m.pull(ref, Auth(auth="YWxpY2U6czNjcmV0")) == iid
+        assert await m.pull(ref, Auth(auth=Secret("YWxpY2U6czNjcmV0"))) == iid
         # Credentials for another server are not sent.
         await m.remove(iid)
         m2 = make_manager(root=tmp_path / "root2")
         with pytest.raises(RegistryError):
-            await m2.pull(ref, Auth(username="alice", password="s3cret", server_address="quay.io"))
+            await m2.pull(ref, Auth(username="alice", password=Secret("s3cret"),
+                                    server_address="quay.io"))
     finally:
         reg.stop()
 
@@ -184,7 +185,7 @@ async def test_bearer_token_flow(make_manager: Maker, refs: dict[str, str],
         m = make_manager()
         with pytest.raises(RegistryError):
             await m.pull(f"{front.addr}/busybox:latest")
-        auth = Auth(username="bob", password="pw")
+        auth = Auth(username="bob", password=Secret("pw"))
         iid = await m.pull(f"{front.addr}/busybox:latest", auth)
         assert m.status(refs["busybox"]) is None and m.status(iid) is not None
         await m.pull(f"{front.addr}/multi:latest", auth)
@@ -195,7 +196,7 @@ async def test_bearer_token_flow(make_manager: Maker, refs: dict[str, str],
         import base64
         tok = "tok." + base64.urlsafe_b64encode(b"repository:busybox:pull").decode()
         n = len(front.token_requests)
-        assert await m2.pull(f"{front.addr}/busybox:uid", Auth(registry_token=tok))
+        assert await m2.pull(f"{front.addr}/busybox:uid", Auth(registry_token=Secret(tok)))
         assert len(front.token_requests) == n
     finally:
         front.stop()

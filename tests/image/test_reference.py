@@ -8,7 +8,7 @@ import pytest
 
 from pycri import errors
 from pycri.image import reference
-from pycri.image.auth import Auth, parse_challenge
+from pycri.image.auth import Auth, Secret, parse_challenge
 from pycri.image.regconf import RegistriesConf, is_loopback
 
 
@@ -139,17 +139,37 @@ def test_regconf_errors(tmp_path: Path) -> None:
     assert [e.host for e in conf.endpoints(reference.parse("quay.io/a/b"))] == ["quay.io"]
 
 
+def test_a_secret_never_prints() -> None:
+    """Issue 39: a credential shows as <redacted> however it is formatted, and still
+    compares and hashes by its value (an Auth keys the token cache)."""
+    import logging
+    import pickle
+
+    s = Secret("pw-SECRET")
+    a = Auth(username="u", password=s, auth=s, identity_token=s, registry_token=s)
+    record = logging.LogRecord("t", logging.ERROR, __file__, 1, "%s %r %s", (s, s, a), None)
+    shown = [str(s), repr(s), f"{s}", f"{s!r:>20}", format(s, "^30"), record.getMessage(), str(a),
+             repr(a), str(ValueError(s)), str(ValueError(a))]
+    assert not [t for t in shown if "SECRET" in t] and "<redacted>" in shown[0]
+    assert s.reveal() == "pw-SECRET" and s == Secret("pw-SECRET") and s != "pw-SECRET"
+    assert hash(a) == hash(Auth(username="u", password=Secret("pw-SECRET"), auth=s,
+                                identity_token=s, registry_token=s))
+    assert not Secret() and repr(Secret()) == "''"
+    with pytest.raises(TypeError):
+        pickle.dumps(s)
+
+
 def test_loopback_and_auth_forms() -> None:
     assert is_loopback("127.0.0.1:5000") and is_loopback("localhost") and is_loopback("[::1]:5")
     assert not is_loopback("10.0.0.1:5000") and not is_loopback("example.com")
-    assert Auth(username="u", password="p").basic() == ("u", "p")
-    assert Auth(auth="dTpwOnE=").basic() == ("u", "p:q")
-    assert Auth(identity_token="x").basic() is None
+    assert Auth(username="u", password=Secret("p")).basic() == ("u", "p")
+    assert Auth(auth=Secret("dTpwOnE=")).basic() == ("u", "p:q")
+    assert Auth(identity_token=Secret("x")).basic() is None
     with pytest.raises(errors.InvalidArgument):
-        Auth(auth="!!notbase64").basic()
+        Auth(auth=Secret("!!notbase64")).basic()
     for text in ("日本語", "\U0001f980", "dTpw\x00"):  # found by the fuzzer: INTERNAL
         with pytest.raises(errors.InvalidArgument, match="not base64"):
-            Auth(auth=text).basic()
+            Auth(auth=Secret(text)).basic()
     assert Auth(server_address="https://index.docker.io/v1/").applies_to("docker.io")
     assert not Auth(server_address="quay.io").applies_to("127.0.0.1:5000")
     scheme, params = parse_challenge(

@@ -130,6 +130,7 @@ class _FrontBase:
         self.upstream = upstream
         self.stopping = threading.Event()
         self.requests: list[str] = []
+        self.forms: list[bytes] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -142,7 +143,10 @@ class _FrontBase:
                 outer.requests.append(self.path)
                 outer.handle(self)
 
-            do_POST = do_GET
+            def do_POST(self) -> None:  # the form is read, so the next request parses
+                outer.forms.append(self.rfile.read(int(self.headers.get("Content-Length",
+                                                                        0))))
+                self.do_GET()
 
         self.server = _Front(("127.0.0.1", 0), Handler)
         self.addr = f"127.0.0.1:{self.server.server_address[1]}"
@@ -279,6 +283,29 @@ class AnswerFront(BearerFront):
                 h.wfile.write(b"0\r\n\r\n")
         except OSError:  # the client stopped reading: what a bound is for
             h.close_connection = True
+
+
+class RedirectFront(_FrontBase):
+    """Blobs sent elsewhere, as a registry backed by object storage does: a blob GET is
+    redirected to a presigned URL carrying `secret` in its query, served here too."""
+
+    def __init__(self, upstream: str, secret: str) -> None:
+        super().__init__(upstream)
+        self.secret = secret
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if h.path.startswith("/cdn/"):
+            h.path = h.path[len("/cdn"):].partition("?")[0]
+            self.forward(h)
+            return
+        if "/blobs/" in h.path:
+            h.send_response(307)
+            h.send_header("Location", f"http://{self.addr}/cdn{h.path}?X-Amz-Signature="
+                                      f"{self.secret}")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        self.forward(h)
 
 
 class StallFront(_FrontBase):
