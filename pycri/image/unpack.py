@@ -16,6 +16,7 @@ import errno
 import gzip
 import hashlib
 import logging
+import math
 import os
 import shutil
 import stat
@@ -27,12 +28,14 @@ from pathlib import Path
 from typing import IO
 
 from pycri import errors
+from pycri.image.types import MAX_ID
 
 log = logging.getLogger("pycri.image.unpack")
 
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
+XATTR_PAX = "SCHILY.xattr."  # a pax header key naming an xattr
 BUF = 1 << 20
 
 
@@ -89,6 +92,64 @@ def _decompressing(raw: IO[bytes]) -> IO[bytes]:
 
         return zstandard.ZstdDecompressor().stream_reader(raw, read_size=BUF)
     return raw
+
+
+# What the kernel and the filesystems take (limits.h, xattr.h, kdev_t.h): an entry past
+# any of them is refused before anything of it is made, so an unpack never fails half-way
+# on a value the platform cannot hold.
+NAME_MAX, PATH_MAX = 255, 4096
+XATTR_NAME_MAX, XATTR_SIZE_MAX = 255, 65536
+MAX_DEV_MAJOR, MAX_DEV_MINOR = (1 << 12) - 1, (1 << 20) - 1
+# Times every filesystem pycri unpacks onto holds: 2^34 s either side of 1970.
+MAX_TIME = 1 << 34
+
+
+def check_header(m: tarfile.TarInfo, what: str) -> None:
+    """HostileLayer naming the layer (`what`) and the entry, for a header value the
+    kernel or the platform cannot take: a NUL in a name, a name component over 255
+    bytes, a path or link target over 4096, an empty symlink target, a uid or gid out of
+    range, a time that is not finite or out of range, an xattr name with a NUL, empty or
+    over 255 bytes, an xattr value over 64 KiB, device numbers out of range."""
+    def refuse(why: str) -> HostileLayer:
+        return HostileLayer(f"{what}: layer entry {_shown(m.name)}: {why}")
+
+    name = os.fsencode(m.name)
+    if b"\0" in name:
+        raise refuse("a NUL byte in its name")
+    if len(name) > PATH_MAX:
+        raise refuse(f"a path of {len(name)} bytes (limit {PATH_MAX})")
+    longest = max(len(c) for c in name.split(b"/"))
+    if longest > NAME_MAX:
+        raise refuse(f"a name component of {longest} bytes (limit {NAME_MAX})")
+    if m.issym() or m.islnk():
+        link = os.fsencode(m.linkname)
+        if b"\0" in link or len(link) > PATH_MAX or not link:
+            raise refuse(f"a link target of {len(link)} bytes (1 to {PATH_MAX}, no NUL byte)")
+    for field_name in ("uid", "gid"):
+        value = getattr(m, field_name)
+        if not isinstance(value, int) or not 0 <= value <= MAX_ID:
+            raise refuse(f"{field_name} {value!r} is out of range (0-{MAX_ID})")
+    if not isinstance(m.mtime, (int, float)) or not math.isfinite(m.mtime) \
+            or abs(m.mtime) >= MAX_TIME:
+        raise refuse(f"mtime {m.mtime!r} is not a time a filesystem holds")
+    if (m.ischr() or m.isblk()) and not (
+            0 <= m.devmajor <= MAX_DEV_MAJOR and 0 <= m.devminor <= MAX_DEV_MINOR):
+        raise refuse(f"device {m.devmajor}:{m.devminor} is out of range")
+    for key, value in m.pax_headers.items():
+        if not key.startswith(XATTR_PAX):
+            continue
+        xname = key[len(XATTR_PAX):].encode("utf-8", "surrogateescape")
+        if not xname or b"\0" in xname or len(xname) > XATTR_NAME_MAX:
+            raise refuse(f"an xattr name of {len(xname)} bytes (1 to {XATTR_NAME_MAX}, no NUL "
+                         "byte)")
+        if len(value.encode("utf-8", "surrogateescape")) > XATTR_SIZE_MAX:
+            raise refuse(f"an xattr value over {XATTR_SIZE_MAX} bytes")
+
+
+def _shown(name: str) -> str:
+    """An entry's name as an error shows it: at most 80 characters of its repr."""
+    text = repr(name)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _parts(name: str, what: str) -> list[str]:
@@ -199,9 +260,9 @@ class _Extractor:
     def _metadata(self, m: tarfile.TarInfo, target: Path) -> None:
         os.chown(target, m.uid, m.gid, follow_symlinks=False)
         for key, value in m.pax_headers.items():
-            if not key.startswith("SCHILY.xattr."):
+            if not key.startswith(XATTR_PAX):
                 continue
-            name = key[len("SCHILY.xattr.") :]
+            name = key[len(XATTR_PAX) :]
             if name.startswith("trusted.overlay."):
                 raise HostileLayer(f"layer entry {m.name!r}: overlay xattr {name!r} refused")
             try:
@@ -296,7 +357,12 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
                     fileobj=reader, mode="r|", bufsize=BUF, tarinfo=_BoundedTarInfo
                 ) as tf:
                     for member in tf:
-                        ex.entry(tf, member)
+                        check_header(member, what)
+                        try:
+                            ex.entry(tf, member)
+                        except (ValueError, OverflowError) as e:  # past what is checked
+                            raise HostileLayer(f"{what}: layer entry {_shown(member.name)}: "
+                                               f"not unpackable ({type(e).__name__})") from None
             except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error,
                     zstandard.ZstdError) as e:
                 raise errors.InvalidArgument(f"{what}: corrupt archive: {e}") from None

@@ -95,6 +95,26 @@ def _huge_pax() -> HostileImage:
     return HostileImage([images.compress(raw, "gzip")], config_for([images.sha(raw)]))
 
 
+def _header(name: str, kind: bytes = tarfile.REGTYPE, pax: dict[str, str] | None = None,
+            fmt: int = tarfile.PAX_FORMAT, **fields: Any) -> HostileImage:
+    """A layer whose one entry after an ordinary directory has header values past what
+    the platform takes: set as TarInfo fields, or as raw pax records (which tarfile
+    reads back into the fields: a uid of 2^40, an mtime of NaN)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tf:
+        d = tarfile.TarInfo("etc")
+        d.type, d.mode, d.mtime = tarfile.DIRTYPE, 0o755, images.MTIME
+        tf.addfile(d)
+        ti = tarfile.TarInfo(name)
+        ti.type, ti.mode, ti.mtime = kind, 0o644, images.MTIME
+        for k, v in fields.items():
+            setattr(ti, k, v)
+        ti.pax_headers = pax or {}
+        tf.addfile(ti, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
+    raw = buf.getvalue()
+    return HostileImage([images.compress(raw, "gzip")], config_for([images.sha(raw)]))
+
+
 def _too_many_layers() -> HostileImage:
     """More layers than overlayfs can stack (one small blob, listed 600 times)."""
     raw = images.tar_bytes(_ok_layer())
@@ -130,6 +150,24 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
                    xattrs={"trusted.overlay.redirect": f"/{c}"})]),
         "malformed-whiteout": lambda: _image([images.file(".wh..", "")]),
         "huge-pax-header": _huge_pax,
+        # Header values past what the kernel or the platform takes (issue 39, item 2).
+        "name-component-too-long": lambda: _header("etc/" + "n" * 300),
+        "path-too-long": lambda: _header("/".join(["etc", *["p" * 250] * 20])),
+        "name-nul-byte": lambda: _header("etc/a", pax={"path": "etc/a\x00b"}),
+        "symlink-target-too-long": lambda: _header("etc/l", tarfile.SYMTYPE,
+                                                   linkname="t" * 5000),
+        "symlink-target-empty": lambda: _header("etc/l", tarfile.SYMTYPE, linkname=""),
+        "uid-huge": lambda: _header("etc/u", pax={"uid": str(1 << 40)}),
+        "gid-negative": lambda: _header("etc/g", fmt=tarfile.GNU_FORMAT, gid=-5),
+        "mtime-nan": lambda: _header("etc/t", pax={"mtime": "nan"}),
+        "mtime-huge": lambda: _header("etc/t", pax={"mtime": "1e20"}),
+        "xattr-name-nul": lambda: _header("etc/x", pax={"SCHILY.xattr.user.a\x00b": "v"}),
+        "xattr-name-too-long": lambda: _header("etc/x", pax={
+            "SCHILY.xattr.user." + "x" * 300: "v"}),
+        "xattr-value-too-big": lambda: _header("etc/x", pax={
+            "SCHILY.xattr.user.big": "v" * (70 << 10)}),
+        "device-major-huge": lambda: _header("etc/d", tarfile.CHRTYPE, fmt=tarfile.GNU_FORMAT,
+                                             devmajor=1 << 40, devminor=1),
         # A device node in a layer is only a node inside the layer dir: it pulls.
         "device-node": lambda: _image(
             [Entry("null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3)]),
@@ -183,6 +221,20 @@ EXPECT: dict[str, tuple[type[errors.PycriError], str] | None] = {
     "malformed-whiteout": (errors.InvalidArgument, r"malformed whiteout"),
     "huge-pax-header": (errors.InvalidArgument, r"extended tar header"),
     "device-node": None,
+    "name-component-too-long": (errors.InvalidArgument, r"layer \w{64}: layer entry 'etc/n+"
+                                r"\.\.\.: a name component of 300 bytes"),
+    "path-too-long": (errors.InvalidArgument, r"layer entry 'etc/p+\.\.\.: a path of 5023 "),
+    "name-nul-byte": (errors.InvalidArgument, r"a NUL byte in its name"),
+    "symlink-target-too-long": (errors.InvalidArgument, r"'etc/l': a link target of 5000 by"),
+    "symlink-target-empty": (errors.InvalidArgument, r"'etc/l': a link target of 0 bytes"),
+    "uid-huge": (errors.InvalidArgument, r"'etc/u': uid 1099511627776 is out of range"),
+    "gid-negative": (errors.InvalidArgument, r"'etc/g': gid -5 is out of range"),
+    "mtime-nan": (errors.InvalidArgument, r"'etc/t': mtime nan is not a time"),
+    "mtime-huge": (errors.InvalidArgument, r"'etc/t': mtime 1e\+20 is not a time"),
+    "xattr-name-nul": (errors.InvalidArgument, r"'etc/x': an xattr name of 8 bytes"),
+    "xattr-name-too-long": (errors.InvalidArgument, r"'etc/x': an xattr name of 305 bytes"),
+    "xattr-value-too-big": (errors.InvalidArgument, r"'etc/x': an xattr value over 65536"),
+    "device-major-huge": (errors.InvalidArgument, r"'etc/d': device 1099511627776:1 is out"),
     "gzip-bomb": (errors.InvalidArgument, r"unpacks to more than \d+ bytes"),
     "gzip-bomb-wrong-diff-id": (errors.InvalidArgument, r"unpacks to more than \d+ bytes"),
     "wrong-diff-id": (errors.InvalidArgument, r"hashes to sha256:\w+, config says"),
