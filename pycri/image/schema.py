@@ -174,7 +174,10 @@ def image_config(doc: Mapping[str, Any], what: str, layers: int) -> list[str]:
         _string(doc, key, what)
     if doc.get("config") is not None and not isinstance(doc.get("config"), dict):
         raise errors.InvalidArgument(f"{what}: 'config' must be an object")
-    inner = ImageConfig.from_oci({"config": doc.get("config")})  # what containers are made of
+    try:  # what containers are made of
+        inner = ImageConfig.from_oci({"config": doc.get("config")})
+    except errors.InvalidArgument as e:  # named after the image, as every other refusal
+        raise errors.InvalidArgument(f"{what}: {str(e).removeprefix('image config: ')}") from None
     strings = {"Entrypoint": inner.entrypoint, "Cmd": inner.cmd, "Env": inner.env,
                "WorkingDir": (inner.working_dir,), "User": (inner.user,),
                "StopSignal": (inner.stop_signal,),

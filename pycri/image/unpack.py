@@ -102,6 +102,9 @@ XATTR_NAME_MAX, XATTR_SIZE_MAX = 255, 65536
 MAX_DEV_MAJOR, MAX_DEV_MINOR = (1 << 12) - 1, (1 << 20) - 1
 # Times every filesystem pycri unpacks onto holds: 2^34 s either side of 1970.
 MAX_TIME = 1 << 34
+# What the kernel answers for a value in an entry it will not take: the layer's doing.
+_REFUSALS = frozenset({errno.ENAMETOOLONG, errno.EINVAL, errno.ELOOP, errno.EOVERFLOW,
+                       errno.ERANGE, errno.E2BIG})
 
 
 def check_header(m: tarfile.TarInfo, what: str) -> None:
@@ -125,6 +128,9 @@ def check_header(m: tarfile.TarInfo, what: str) -> None:
         link = os.fsencode(m.linkname)
         if b"\0" in link or len(link) > PATH_MAX or not link:
             raise refuse(f"a link target of {len(link)} bytes (1 to {PATH_MAX}, no NUL byte)")
+        longest = max(len(c) for c in link.split(b"/"))
+        if m.islnk() and longest > NAME_MAX:  # a path in the layer (a symlink's is text)
+            raise refuse(f"a link target component of {longest} bytes (limit {NAME_MAX})")
     for field_name in ("uid", "gid"):
         value = getattr(m, field_name)
         if not isinstance(value, int) or not 0 <= value <= MAX_ID:
@@ -269,7 +275,8 @@ class _Extractor:
                 os.setxattr(target, name, value.encode("utf-8", "surrogateescape"),
                             follow_symlinks=False)
             except OSError as e:
-                log.warning("layer entry %r: xattr %s not kept: %s", m.name, name, e)
+                log.warning("layer entry %s: xattr %s not kept: %s", _shown(m.name),
+                            _shown(name), e.strerror or e)
         if m.issym():
             os.utime(target, (m.mtime, m.mtime), follow_symlinks=False)
             return
@@ -282,7 +289,25 @@ class _Extractor:
     def finish(self) -> None:
         """Directory mtimes last: writing their children changed them."""
         for path, mtime in reversed(self.dirs):
-            os.utime(path, (mtime, mtime), follow_symlinks=False)
+            self._utime_within(path.relative_to(self.root).parts, mtime)
+
+    def _utime_within(self, parts: tuple[str, ...], mtime: float) -> None:
+        """Set a directory's times through its parents opened one by one without following
+        a link: a later entry may have replaced it or a parent, by a symlink out of the
+        layer too. Such a directory is gone, and keeps no time."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for comp in parts[:-1]:
+                inner = os.open(comp, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                dir_fd=fd)
+                os.close(fd)
+                fd = inner
+            os.utime(parts[-1], (mtime, mtime), dir_fd=fd, follow_symlinks=False)
+        except OSError as e:
+            if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                raise
+        finally:
+            os.close(fd)
 
 
 def disk_usage(path: Path) -> tuple[int, int]:
@@ -360,9 +385,12 @@ def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
                         check_header(member, what)
                         try:
                             ex.entry(tf, member)
-                        except (ValueError, OverflowError) as e:  # past what is checked
+                        except (ValueError, OverflowError, OSError) as e:  # past the checks
+                            if isinstance(e, OSError) and e.errno not in _REFUSALS:
+                                raise  # the host's (a full disk): not the layer's doing
+                            why = e.strerror if isinstance(e, OSError) else type(e).__name__
                             raise HostileLayer(f"{what}: layer entry {_shown(member.name)}: "
-                                               f"not unpackable ({type(e).__name__})") from None
+                                               f"not unpackable ({why})") from None
             except (tarfile.TarError, EOFError, gzip.BadGzipFile, zlib.error,
                     zstandard.ZstdError) as e:
                 raise errors.InvalidArgument(f"{what}: corrupt archive: {e}") from None

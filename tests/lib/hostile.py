@@ -168,6 +168,11 @@ def _attacks(canary: Path) -> dict[str, Callable[[], HostileImage]]:
             "SCHILY.xattr.user.big": "v" * (70 << 10)}),
         "device-major-huge": lambda: _header("etc/d", tarfile.CHRTYPE, fmt=tarfile.GNU_FORMAT,
                                              devmajor=1 << 40, devminor=1),
+        # A directory replaced by a symlink after its own entry: its mtime, set at the end
+        # of the unpack, must not be set through the link (it pulls; the canary keeps its
+        # times). Found by tests/image/test_fuzz_doors.py.
+        "dir-replaced-by-symlink": lambda: _image(
+            [images.directory("a"), images.directory("a/secret"), images.symlink("a", f"/{c}")]),
         # A device node in a layer is only a node inside the layer dir: it pulls.
         "device-node": lambda: _image(
             [Entry("null", tarfile.CHRTYPE, mode=0o666, devmajor=1, devminor=3)]),
@@ -221,6 +226,7 @@ EXPECT: dict[str, tuple[type[errors.PycriError], str] | None] = {
     "malformed-whiteout": (errors.InvalidArgument, r"malformed whiteout"),
     "huge-pax-header": (errors.InvalidArgument, r"extended tar header"),
     "device-node": None,
+    "dir-replaced-by-symlink": None,
     "name-component-too-long": (errors.InvalidArgument, r"layer \w{64}: layer entry 'etc/n+"
                                 r"\.\.\.: a name component of 300 bytes"),
     "path-too-long": (errors.InvalidArgument, r"layer entry 'etc/p+\.\.\.: a path of 5023 "),
