@@ -106,6 +106,9 @@ class StreamingConfig:
     # bytes received but not yet consumed (all streams together).
     max_streams: int = number(128, 1, 1 << 16)
     max_session_buffer: int = number(16 * MiB, 64 * KiB, GiB)
+    # The same for all sessions together: past it, their reads wait, new streaming
+    # requests are refused (RESOURCE_EXHAUSTED) and new connections wait to be accepted.
+    max_buffer_total: int = number(128 * MiB, 64 * KiB, 64 * GiB)
     # Concurrent forwarded connections per port-forward session.
     max_port_forward_connections: int = number(64, 1, 1 << 16)
     # File descriptors the streaming server may hold (connections plus forwarded

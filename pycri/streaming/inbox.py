@@ -4,13 +4,14 @@ A peer chooses how it frames its bytes: one 32 KiB message or 32,768 one-byte on
 each stream or channel keeps its unread bytes in one buffer, never one object per
 message or frame (a queued 2-byte `bytes` costs 56 bytes of Python objects, which let
 1 MiB of tiny messages hold 28 MiB), and what it holds is what its bounds count: the
-payload bytes. Past its own bound, or its connection's, the read loop waits, and TCP
-pushes back on the peer.
+payload bytes. Past its own bound, its connection's or the server's (all connections
+together), the read loop waits, and TCP pushes back on the peer.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 # Received bytes one stream or channel may hold unread.
 MAX_STREAM_BUFFER = 1 << 20
@@ -18,33 +19,83 @@ MAX_STREAM_BUFFER = 1 << 20
 MAX_SESSION_BUFFER = 16 << 20
 # The most one read hands the application (a pipe's or a socket buffer's worth).
 MAX_READ = 64 * 1024
+# How often a connection whose input waits for room is asked whether its peer is there.
+PROBE_EVERY = 2.0
 
 
 class Pool:
-    """The unread bytes of one connection's inboxes, bounded together."""
+    """The unread bytes of one connection's inboxes, bounded together; and, as a
+    connection pool's `parent`, of every connection of the server (a daemon-wide budget,
+    so many connections cannot multiply the per-connection bound either)."""
 
-    def __init__(self, limit: int = MAX_SESSION_BUFFER) -> None:
+    def __init__(self, limit: int = MAX_SESSION_BUFFER, parent: Pool | None = None,
+                 peer_alive: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """`peer_alive`: asked every PROBE_EVERY seconds while a `put` waits for room (the
+        connection's read loop, parked, would not see its peer hang up): once it says
+        no, the waiting input is dropped, the read loop reads on to the end, and the
+        connection's input is given back."""
         self.limit = limit
         self.used = 0
+        self.peak = 0  # the most it held at once
         self.closed = False
+        self.peer_gone = False
+        self.parent = parent
+        self._peer_alive = peer_alive
         self._space = asyncio.Event()
+        self._waiting: set[Pool] = set()  # children waiting for room here
+
+    def fits(self, size: int) -> bool:
+        """Whether `size` more bytes fit here and in the parent; an empty pool takes any
+        size, so nothing waits for ever."""
+        here = not self.used or self.used + size <= self.limit
+        return here and (self.parent is None or self.parent.fits(size))
+
+    def take(self, size: int) -> None:
+        self.used += size
+        self.peak = max(self.peak, self.used)
+        if self.parent is not None:
+            self.parent.take(size)
 
     def close(self) -> None:
-        """The connection is over: nothing waits for room any more."""
+        """The connection is over: nothing waits for room any more. What its inboxes
+        still hold stays counted, here and in the parent, until it is read or dropped,
+        or `release`d."""
         self.closed = True
         self.wake()
 
+    def release(self) -> None:
+        """The application is done with the connection: what its inboxes still hold goes
+        with them, and the parent stops counting it."""
+        self.close()
+        if self.parent is not None:
+            self.parent.give(self.used)
+            self.parent = None
+
     def wake(self) -> None:
-        """Room was made, or an inbox ended: a `put` waiting looks again."""
+        """Room was made, or an inbox ended: a `put` waiting looks again (a child's too)."""
         self._space.set()
+        for child in list(self._waiting):
+            child.wake()
 
     def give(self, size: int) -> None:
         self.used -= size
+        if self.parent is not None:
+            self.parent.give(size)
         self.wake()
 
     async def wait(self) -> None:
         self._space.clear()
-        await self._space.wait()
+        parent = self.parent
+        if parent is not None:
+            parent._waiting.add(self)
+        try:
+            await asyncio.wait_for(self._space.wait(), PROBE_EVERY)
+        except TimeoutError:
+            if self._peer_alive is not None and not await self._peer_alive():
+                self.peer_gone = True
+        finally:
+            if parent is not None:
+                parent._waiting.discard(self)
 
 
 class Inbox:
@@ -61,21 +112,23 @@ class Inbox:
     def __len__(self) -> int:
         return len(self._buf)
 
+    def would_wait(self, size: int) -> bool:
+        """Whether a `put` of `size` bytes would wait for room now."""
+        return bool(self._buf and len(self._buf) + size > self.limit) or not self.pool.fits(size)
+
     async def put(self, data: bytes) -> None:
         """Append `data` once it fits in this inbox and in the pool (an empty one takes
         it whatever its size, so nothing waits for ever); dropped once the input ended."""
         if not data:
             return
         pool = self.pool
-        while not self.ended and not pool.closed and (
-            (self._buf and len(self._buf) + len(data) > self.limit)
-            or (pool.used and pool.used + len(data) > pool.limit)
-        ):
+        while not self.ended and not pool.closed and not pool.peer_gone and \
+                self.would_wait(len(data)):
             await pool.wait()
-        if self.ended:
+        if self.ended or pool.peer_gone:
             return
         self._buf += data
-        pool.used += len(data)
+        pool.take(len(data))
         self._ready.set()
 
     async def read(self, n: int = -1) -> bytes:
@@ -101,6 +154,7 @@ class Inbox:
         self.pool.wake()
 
     def discard(self) -> None:
-        """Drop what was never read (nobody will)."""
-        self.pool.give(len(self._buf))
+        """Drop what was never read (nobody will): freed before the pool hears of it."""
+        size = len(self._buf)
         self._buf.clear()
+        self.pool.give(size)

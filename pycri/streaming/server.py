@@ -32,9 +32,11 @@ from wsproto.events import AcceptConnection
 from wsproto.events import Request as WsRequest
 from wsproto.utilities import RemoteProtocolError
 
+from pycri import malloc
 from pycri.config import StreamingConfig
-from pycri.errors import InvalidArgument
+from pycri.errors import InvalidArgument, ResourceExhausted
 from pycri.streaming import http, portforward, remotecommand, websocket
+from pycri.streaming.inbox import Pool
 from pycri.streaming.limits import Budget, RateLimitedLog, fd_budget
 from pycri.streaming.remotecommand import StreamIO
 from pycri.streaming.session import Reader, Session, Writer
@@ -46,6 +48,11 @@ MAX_TOKENS = 1000
 # accept(2) errors that mean "out of fds or memory": wait and retry, never spin.
 _RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 ACCEPT_RETRY = 0.5
+# How often a full server looks again whether reads made room for new connections.
+ROOM_RECHECK = 0.2
+# Unread input given back since the last trim that makes the next one worth it.
+RELEASE_AT = 8 << 20
+TRIM_DELAY = 0.2
 # File descriptors an exec or attach holds besides its connection (pipes or a terminal,
 # a pidfd, the runtime's or conmon's sockets), counted against the same budget.
 PROCESS_FDS = 8
@@ -113,6 +120,26 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+class _Unread(Pool):
+    """All sessions' unread input. Once RELEASE_AT of it was given back since the last
+    time, the freed heap goes back to the kernel (glibc keeps it otherwise, and a
+    flood's high-water mark stayed the daemon's resident size after it ended): TRIM_DELAY
+    later, so that a session's end gives back all it held first."""
+
+    _trim_pending = False
+
+    def give(self, size: int) -> None:
+        super().give(size)
+        if self.peak - self.used >= RELEASE_AT and not self._trim_pending:
+            self._trim_pending = True
+            asyncio.get_running_loop().call_later(TRIM_DELAY, self._trim)
+
+    def _trim(self) -> None:
+        self._trim_pending = False
+        self.peak = self.used
+        asyncio.get_running_loop().run_in_executor(None, malloc.release)
+
+
 class StreamingServer:
     def __init__(self, address: str, backend: Backend, token_ttl: float = TOKEN_TTL,
                  limits: StreamingConfig | None = None) -> None:  # fmt: skip
@@ -121,6 +148,8 @@ class StreamingServer:
         self.token_ttl = token_ttl
         self.limits = limits or StreamingConfig()
         self.fds = Budget(self.limits.max_fds)
+        # Every session's unread input together (inbox.py): the daemon-wide bound.
+        self.buffered = _Unread(self.limits.max_buffer_total)
         self._tokens: dict[str, tuple[float, Request]] = {}
         self._listener: socket.socket | None = None
         self._acceptor: asyncio.Task[None] | None = None
@@ -191,6 +220,10 @@ class StreamingServer:
         return self._issue("portforward", self.backend.check_port_forward(req))
 
     def _issue(self, kind: str, req: Request) -> str:
+        if self._spent():
+            raise ResourceExhausted(
+                f"streaming sessions on this node hold {self.buffered.used} bytes of unread "
+                f"input, their budget (streaming.max_buffer_total); try again later")
         now = time.monotonic()
         for token, (expiry, _) in list(self._tokens.items()):
             if expiry < now:
@@ -220,7 +253,13 @@ class StreamingServer:
             return f"{self.limits.max_pending} connections without a request"
         if self.fds.free < 1:
             return f"{self.fds.total} file descriptors"
+        if self._spent():
+            return f"{self.buffered.limit} bytes of unread input"
         return None
+
+    def _spent(self) -> bool:
+        """Whether the sessions together hold their whole budget of unread input."""
+        return self.buffered.used >= self.buffered.limit
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -229,7 +268,9 @@ class StreamingServer:
                 self._warn.warning("full", f"streaming server at its bound of {bound}; "
                                    "new connections wait until one ends")  # fmt: skip
                 self._room.clear()
-                await self._room.wait()
+                # Unread input is given back by reads, not only by ends: looked at again.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._room.wait(), ROOM_RECHECK)
             try:
                 conn, peer = await loop.sock_accept(listener)
             except OSError as e:
@@ -395,14 +436,16 @@ class StreamingServer:
 
     def _session(self, reader: Reader, writer: Writer) -> Session:
         session = Session(reader, writer, server=True, max_streams=self.limits.max_streams,
-                          max_buffer=self.limits.max_session_buffer)  # fmt: skip
+                          max_buffer=self.limits.max_session_buffer,
+                          budget=self.buffered)  # fmt: skip
         session.start()
         return session
 
     async def _handle_websocket(self, reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter, req: Request, protocol: str,
                                 ws: WSConnection) -> None:  # fmt: skip
-        conn = websocket.Connection(reader, writer, ws, max_buffer=self.limits.max_session_buffer)
+        conn = websocket.Connection(reader, writer, ws, max_buffer=self.limits.max_session_buffer,
+                                    budget=self.buffered)
         try:
             if protocol == portforward.WEBSOCKET_TUNNEL:
                 tunnel = websocket.Tunnel(conn)

@@ -145,7 +145,14 @@ class Stream:
         if self.remote_done:
             return
         # Backpressure: the session reads no further until this stream, and the session
-        # as a whole, are back under their bounds (an ended input drops it).
+        # as a whole, are back under their bounds (an ended input drops it). Not for a
+        # stream the application never takes (one opened after an exec's channels): the
+        # read loop would wait for ever, never see the peer hang up, and keep the session's
+        # input until its process ended.
+        if not self.accepted and self.input.would_wait(len(data)) and \
+                not await self.session.taken(self, ACCEPT_GRACE):
+            raise Abuse(f"peer sent more than {len(self.input)} bytes on stream {self.id}, "
+                        f"which was not taken within {ACCEPT_GRACE:.0f}s")
         await self.input.put(data)
         if fin:
             self._on_remote_fin()
@@ -175,12 +182,15 @@ class Session:
         server: bool,
         max_streams: int = MAX_STREAMS,
         max_buffer: int = MAX_SESSION_BUFFER,
+        budget: Pool | None = None,
     ) -> None:
+        """`budget`: the server's pool of all connections' unread bytes, if any."""
         self.reader = reader
         self.writer = writer
         self.server = server
         self.max_streams = max_streams
-        self.pool = Pool(max_buffer)  # bytes received on all streams, not yet read
+        # Bytes received on all streams, not yet read.
+        self.pool = Pool(max_buffer, budget, peer_alive=self._peer_alive)
         self._control = Rate()
         self._refused = 0
         self._taken = asyncio.Event()  # the application accepted a stream
@@ -211,6 +221,18 @@ class Session:
         except (ConnectionError, OSError):
             self._end()
 
+    async def taken(self, stream: Stream, grace: float) -> bool:
+        """Whether the application takes `stream` within `grace` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while not stream.accepted and not self.closed.is_set():
+            self._taken.clear()
+            try:
+                await asyncio.wait_for(self._taken.wait(), deadline - loop.time())
+            except TimeoutError:
+                return False
+        return stream.accepted
+
     async def accept(self) -> Stream | None:
         """The next stream the peer opened (already replied to); None once the session ends.
         Streams the peer reset before they were accepted are skipped."""
@@ -236,6 +258,14 @@ class Session:
         if stream.was_reset:
             raise ConnectionResetError(f"stream {sid} was refused")
         return stream
+
+    async def _peer_alive(self) -> bool:
+        """Write a PING: a peer that hung up answers with a reset, which the next probe
+        (or this one) finds as a closed transport."""
+        if not self.writer.is_closing():
+            self._next_ping += 2
+            await self.send(spdy.Ping(self._next_ping - 2))
+        return not self.writer.is_closing()
 
     async def ping(self, timeout: float = 10.0) -> None:
         pid = self._next_ping
@@ -273,11 +303,21 @@ class Session:
                     self.writer.write_eof()
         await hang_up(self.writer, self._reader_task, linger)
         self._end()
+        for stream in self.streams.values():  # the application is done with them: their
+            stream.input.discard()  # unread input goes now, not when gc finds the cycle
+        self.pool.release()
 
     def _end(self) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
+        # Input nobody will ever read (a stream never taken), or that nobody is there to
+        # have delivered (the peer is gone: reset, or found gone while its input waited
+        # for room; not a peer that only half-closed) goes now.
+        gone = self.pool.peer_gone or self.writer.is_closing()
+        for stream in list(self.streams.values()):
+            if not stream.accepted or gone:
+                stream.input.discard()
         self.pool.close()
         for stream in list(self.streams.values()):
             stream._on_remote_fin()

@@ -74,7 +74,9 @@ class Receiver(Protocol):
 
     async def on_message(self, data: bytes, text: bool) -> None: ...
 
-    def end(self) -> None: ...
+    def end(self, drop: bool) -> None:
+        """No more input; with `drop`, what was not read goes too (nobody will read it,
+        or nobody is there to have it delivered)."""
 
 
 class Connection:
@@ -82,12 +84,15 @@ class Connection:
 
     def __init__(self, reader: Reader, writer: Writer, ws: WSConnection, *,
                  max_message: int = MAX_FRAME,
-                 max_buffer: int = MAX_SESSION_BUFFER) -> None:  # fmt: skip
+                 max_buffer: int = MAX_SESSION_BUFFER,
+                 budget: Pool | None = None) -> None:  # fmt: skip
+        """`budget`: the server's pool of all connections' unread bytes, if any."""
         self.reader = reader
         self.writer = writer
         self.ws = ws
         self.max_message = max_message
-        self.pool = Pool(max_buffer)  # bytes received on all channels, not yet read
+        # Bytes received on all channels, not yet read.
+        self.pool = Pool(max_buffer, budget, peer_alive=self._peer_alive)
         self._control = Rate()
         self.closed = asyncio.Event()  # the peer's side is over (close frame, EOF, abort)
         self.abuse: str | None = None  # why we closed on the peer, if we did
@@ -99,6 +104,11 @@ class Connection:
     def start(self, receiver: Receiver) -> None:
         self._receiver = receiver
         self._task = asyncio.create_task(self._read_loop())
+
+    @property
+    def gone(self) -> bool:
+        """The peer is gone (reset, or found gone while its input waited for room)."""
+        return self.pool.peer_gone or self.writer.is_closing()
 
     @property
     def open(self) -> bool:
@@ -115,6 +125,14 @@ class Connection:
             await self.writer.drain()
         except (ConnectionError, OSError):
             self._end()
+
+    async def _peer_alive(self) -> bool:
+        """Write a ping: a peer that hung up answers with a reset, which the next probe
+        (or this one) finds as a closed transport."""
+        if self.open:
+            self.send_now(Ping(b"pycri"))
+            await self.drain()
+        return not self.writer.is_closing()
 
     async def send(self, data: bytes | str) -> None:
         """One message: text for a str, binary for bytes; dropped once the connection ends."""
@@ -142,6 +160,9 @@ class Connection:
             await self.drain()
         await hang_up(self.writer, self._task, linger)
         self._end()
+        if self._receiver is not None:  # the application is done: its unread input goes
+            self._receiver.end(drop=True)
+        self.pool.release()
 
     def _end(self) -> None:
         if self.closed.is_set():
@@ -149,7 +170,7 @@ class Connection:
         self.closed.set()
         self.pool.close()
         if self._receiver is not None:
-            self._receiver.end()
+            self._receiver.end(drop=self.gone)
 
     async def _read_loop(self) -> None:
         pacer = Pacer()
@@ -284,8 +305,10 @@ class ChannelMux:
                 return
         await self.channel(number).input.put(payload)
 
-    def end(self) -> None:
+    def end(self, drop: bool) -> None:
         for ch in self.channels.values():
+            if drop:
+                ch.input.discard()
             ch.input.end()
             ch.aborted.set()
 
@@ -303,7 +326,9 @@ class Tunnel:
             return
         await self.input.put(data)
 
-    def end(self) -> None:
+    def end(self, drop: bool) -> None:
+        if drop:
+            self.input.discard()
         self.input.end()
 
     async def read(self, n: int = -1) -> bytes:

@@ -8,12 +8,14 @@ runs the same attacks bigger."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import resource
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
+import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
@@ -334,4 +336,82 @@ def test_malformed_frames_end_only_their_session(node: Node) -> None:
         return out
 
     assert asyncio.run(attack()) == dict.fromkeys(MALFORMED, True)
+    answers(node)
+
+
+def test_unread_input_of_all_sessions_is_bounded_and_given_back(node: Node) -> None:
+    """Issue 39, item 4: unread input was bounded per session but not across sessions:
+    48 port-forward sessions held 768 MiB (16 MiB each), and the daemon kept it after
+    they hung up. Now all sessions together hold at most `max_buffer_total`; past it a
+    new streaming request is RESOURCE_EXHAUSTED, and the budget is given back when the
+    peers hang up, though their processes run on. Scaled down here: sessions of 1 MiB
+    (exec stdin a process never reads) and a node budget of 1.5 MiB."""
+    with open(node.tmp / "pycri.toml", "a") as f:
+        f.write(f"[streaming]\nmax_session_buffer = {1 << 20}\n"
+                f"max_buffer_total = {3 << 19}\n")
+    node.restart()
+    cid = sleeper(node, "budget")
+    base = abuse.usage(pid(node))
+    chunk = b"z" * (64 << 10)
+
+    def stdin_url() -> str:
+        return node.cri.runtime.Exec(pb.ExecRequest(
+            container_id=cid, cmd=["sleep", "600"], stdin=True, stdout=True)).url
+
+    async def fill(raw: abuse.Raw) -> None:
+        await abuse.open_channels(raw, ["error", "stdin", "stdout"])
+        with contextlib.suppress(TimeoutError):  # the server stops reading: pushed back
+            await asyncio.wait_for(_send_all(raw, spdy.DataFrame(3, chunk), 64), 3)
+
+    async def attack() -> list[abuse.Raw]:
+        raws = []
+        for _ in range(2):  # 1 MiB each at most: together past the node's 1.5 MiB
+            raws.append(await abuse.upgrade(stdin_url(), ["v4.channel.k8s.io"]))
+            await fill(raws[-1])
+        with pytest.raises(grpc.RpcError) as e:
+            stdin_url()
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e.value.details()
+        assert "streaming.max_buffer_total" in (e.value.details() or "")
+        await answers_meanwhile(node)
+        for raw in raws:
+            await raw.close()
+        return raws
+
+    asyncio.run(attack())
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            stdin_url()
+            break
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert time.monotonic() < deadline, "the budget was never given back"
+            time.sleep(0.2)
+    answers(node)
+    assert abuse.usage(pid(node)).rss_kib < base.rss_kib + 64 * MIB
+
+
+async def _send_all(raw: abuse.Raw, frame: spdy.Frame, count: int) -> None:
+    for _ in range(count):
+        if not await raw.send(frame):
+            return
+
+
+def test_input_to_a_stream_nobody_takes_ends_its_session(node: Node) -> None:
+    """A session whose read loop waited for room on a stream the application never
+    takes (opened after an exec's channels) never saw its peer hang up: its input stayed
+    held until the exec's process ended. Past the stream's bound such a stream gets
+    ACCEPT_GRACE to be taken, then the session is closed, its input given back."""
+    cid = sleeper(node, "untaken")
+
+    async def attack() -> bool:
+        raw, _ = await abuse.data_flood(exec_url(node, cid, ["sleep", "600"]), streams=4,
+                                        frames=4, size=1 << 20, channels=CHANNELS,
+                                        budget=10)  # fmt: skip
+        closed = await raw.wait_closed(10)
+        await raw.close()
+        return closed
+
+    assert asyncio.run(attack())
+    assert "which was not taken within 2s" in node.proc.log_text()
     answers(node)
