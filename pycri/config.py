@@ -83,6 +83,10 @@ class ImagesConfig:
     # a manifest must arrive whole within it, a blob 1 MiB at least per period.
     pull_progress_timeout: float = number(60.0, 1, 3600)
     max_concurrent_downloads: int = number(3, 1, 64)
+    # Distinct pulls at once (one reference with the same credentials is one pull): each
+    # may hold a few registry documents of up to 4 MiB, so past it a new one is refused
+    # (RESOURCE_EXHAUSTED) rather than grow the daemon with every client that asks.
+    max_concurrent_pulls: int = number(32, 1, 4096)
     # Decompression bombs: a layer may unpack to at most ratio x its compressed size (but
     # always to min_layer_unpacked_bytes). Real layers expand 2-10x; gzip cannot exceed
     # ~1030x. No download or unpack goes into the last reserve bytes of the image fs.

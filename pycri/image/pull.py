@@ -71,7 +71,14 @@ class ImagePull(ImageBase):
         pulls of one reference with the same credentials are one pull, which ends (its
         connections closed, what it fetched dropped) when its last caller is cancelled."""
         r = reference.parse(ref)
-        return await self._shared(("pull", str(r), auth), lambda: self._timed_pull(r, auth))
+        key = ("pull", str(r), auth)
+        if key not in self._inflight:
+            running = sum(1 for k in self._inflight if isinstance(k, tuple) and k[0] == "pull")
+            if running >= self._cfg.max_concurrent_pulls:
+                raise errors.ResourceExhausted(
+                    f"{running} pulls are running, the node's bound "
+                    "(images.max_concurrent_pulls); try again when one has ended")
+        return await self._shared(key, lambda: self._timed_pull(r, auth))
 
     async def _timed_pull(self, r: reference.Reference, auth: Auth | None) -> str:
         with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):

@@ -329,6 +329,28 @@ async def test_shared_pull_goes_on_for_the_client_still_waiting(
         front.stop()
 
 
+async def test_distinct_pulls_past_the_bound_are_refused(
+    make_manager: Maker, registry: Registry, refs: dict[str, str], tmp_path: Path
+) -> None:
+    """Issue 39, item 4: every distinct pull may hold a few registry documents (up to
+    4 MiB each), and there was no bound on how many ran at once. Past
+    `images.max_concurrent_pulls` a new one is RESOURCE_EXHAUSTED; a pull of the same
+    reference joins the running one."""
+    front = TrickleFront(registry.addr, delay=0.005)  # the manifest takes a few seconds
+    front.start()
+    try:
+        m = make_manager(pull_progress_timeout=60.0, max_concurrent_pulls=1)
+        slow = f"{front.addr}/busybox:latest"
+        first = asyncio.ensure_future(m.pull(slow))
+        await asyncio.sleep(0.2)
+        with pytest.raises(errors.ResourceExhausted, match=r"images\.max_concurrent_pulls"):
+            await m.pull(refs["uid"])
+        assert await asyncio.gather(first, m.pull(slow)) and m.status(refs["uid"]) is None
+        assert await m.pull(refs["uid"])  # the bound is given back with the pull
+    finally:
+        front.stop()
+
+
 @pytest.mark.parametrize("what", ["/manifests/", "/blobs/"])
 async def test_trickle_is_no_progress(make_manager: Maker, registry: Registry,
                                       refs: dict[str, str], tmp_path: Path, what: str) -> None:
