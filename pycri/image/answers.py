@@ -1,5 +1,5 @@
 """What a registry sends besides blobs, decoded at one door (issue 39): manifest and
-index bodies, token answers and error bodies. Any pod can name any registry, so every
+index bodies, token answers, error bodies and redirects. Any pod can name any registry, so every
 byte here is an attacker's.
 
 Each body is read raw with a byte bound that holds while reading (never more than one
@@ -21,6 +21,8 @@ MAX_TOKEN_ANSWER = 1 << 20  # a token answer is a few KiB (a JWT, an expiry)
 MAX_TOKEN = 64 << 10  # an Authorization header value pycri will send
 MAX_ERROR_BODY = 64 << 10
 MAX_DEPTH = 16
+MAX_REDIRECTS = 5  # a blob behind a CDN takes one or two
+MAX_LOCATION = 8 << 10
 # A token goes into a header: visible ASCII only (no CR/LF to split the request).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
 # Error codes of the distribution spec, the only part of an error body pycri repeats.
@@ -67,6 +69,26 @@ async def read_body(resp: httpx.Response, limit: int, what: str) -> bytes:
 
 def too_large(what: str, limit: int) -> errors.InvalidArgument:
     return errors.InvalidArgument(f"{what}: larger than {limit} bytes")
+
+
+async def check_redirect(resp: httpx.Response) -> None:
+    """Each redirect a registry answers, before it is followed (httpx's response hook):
+    to http or https only, with no userinfo (credentials of the registry's choosing),
+    and a target of at most MAX_LOCATION bytes; httpx drops Authorization off-origin and
+    stops after MAX_REDIRECTS."""
+    if not resp.is_redirect:
+        return
+    location = resp.headers.get("location", "")
+    what = f"{resp.request.url.host}: a redirect"
+    if len(location) > MAX_LOCATION:
+        raise RegistryRefused(f"{what} of {len(location)} bytes (limit {MAX_LOCATION})")
+    try:
+        target = resp.request.url.join(location)
+    except (httpx.InvalidURL, ValueError):
+        raise RegistryRefused(f"{what} to a URL that does not parse") from None
+    if target.scheme not in ("http", "https") or target.userinfo:
+        raise RegistryRefused(f"{what} to a URL pycri does not follow (scheme "
+                              f"{target.scheme[:16]!r}, or userinfo in it)")
 
 
 def token(body: bytes, where: str) -> str:

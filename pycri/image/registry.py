@@ -93,11 +93,14 @@ class RegistryClient:
         if cfg.ca_file:
             verify = ssl.create_default_context(cafile=cfg.ca_file)
         limits = httpx.Limits(max_connections=32, max_keepalive_connections=16)
+        hooks = {"response": [answers.check_redirect]}
         self._secure = httpx.AsyncClient(
-            verify=verify, timeout=timeout, follow_redirects=True, limits=limits
+            verify=verify, timeout=timeout, follow_redirects=True, limits=limits,
+            max_redirects=answers.MAX_REDIRECTS, event_hooks=hooks,
         )
         self._insecure = httpx.AsyncClient(
-            verify=False, timeout=timeout, follow_redirects=True, limits=limits
+            verify=False, timeout=timeout, follow_redirects=True, limits=limits,
+            max_redirects=answers.MAX_REDIRECTS, event_hooks=hooks,
         )
         self._scheme: dict[str, str] = {}
         self._tokens: dict[tuple[str, str, Auth | None], str] = {}

@@ -15,7 +15,7 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.image.conftest import Maker, serve
-from tests.lib.registry import AnswerFront, Registry
+from tests.lib.registry import AnswerFront, RedirectFront, Registry
 
 UNUSABLE = {
     "list": b"[1, 2]",
@@ -106,3 +106,31 @@ async def test_a_huge_error_body_is_read_to_its_bound_only(
         front.stop()
     assert code == grpc.StatusCode.UNAVAILABLE and details.endswith("registry answered 503")
     assert front.sent < (16 << 20), front.sent
+
+
+@pytest.mark.parametrize(("location", "code"), [
+    ("ftp://127.0.0.1/v2/busybox/manifests/latest", grpc.StatusCode.FAILED_PRECONDITION),
+    ("file:///etc/shadow", grpc.StatusCode.FAILED_PRECONDITION),
+    ("http://alice:SECRET@{self}/v2/busybox/manifests/x", grpc.StatusCode.FAILED_PRECONDITION),
+    ("http://{self}/" + "a" * 9000, grpc.StatusCode.FAILED_PRECONDITION),
+    ("http://{self}/v2/busybox/manifests/latest", grpc.StatusCode.UNAVAILABLE),  # a loop
+], ids=["ftp", "file", "userinfo", "huge", "loop"])
+async def test_a_redirect_pycri_does_not_follow_is_refused(
+        make_manager: Maker, registry: Registry, tmp_path: Path, location: str,
+        code: grpc.StatusCode) -> None:
+    """Redirect targets come through the door too (answers.check_redirect): http or
+    https, no userinfo, at most 8 KiB, five hops at most."""
+    front = RedirectFront(registry.addr, "", location=location)
+    front.start()
+    try:
+        manager = make_manager()
+        async with serve(manager, tmp_path / "s.sock") as stub:
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await stub.PullImage(pb.PullImageRequest(
+                    image=pb.ImageSpec(image=f"{front.addr}/busybox:latest")))
+    finally:
+        front.stop()
+    assert e.value.code() == code, e.value.details()
+    assert "SECRET" not in (e.value.details() or "") and "aaaaaaaa" not in (
+        e.value.details() or "")
+    assert len([p for p in front.requests if "/manifests/" in p]) <= 6

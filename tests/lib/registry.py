@@ -289,14 +289,23 @@ class RedirectFront(_FrontBase):
     """Blobs sent elsewhere, as a registry backed by object storage does: a blob GET is
     redirected to a presigned URL carrying `secret` in its query, served here too."""
 
-    def __init__(self, upstream: str, secret: str) -> None:
+    def __init__(self, upstream: str, secret: str, location: str = "") -> None:
+        """`location`: where every manifest request is sent instead (a hostile redirect;
+        "{self}" is this front's address)."""
         super().__init__(upstream)
         self.secret = secret
+        self.location = location
 
     def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
         if h.path.startswith("/cdn/"):
             h.path = h.path[len("/cdn"):].partition("?")[0]
             self.forward(h)
+            return
+        if self.location and "/manifests/" in h.path:
+            h.send_response(302)
+            h.send_header("Location", self.location.replace("{self}", self.addr))
+            h.send_header("Content-Length", "0")
+            h.end_headers()
             return
         if "/blobs/" in h.path:
             h.send_response(307)
