@@ -49,16 +49,22 @@ def loads(text: str | bytes, max_bytes: int, max_depth: int) -> Any:
     return json.loads(text)
 
 
-def read_file(path: str | os.PathLike[str], max_bytes: int) -> bytes:
-    """A regular file's bytes, at most `max_bytes`; OSError otherwise (a link, a FIFO,
-    which the non-blocking open keeps from hanging the reader, a larger file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def read_file(path: str | os.PathLike[str], max_bytes: int, follow: bool = False) -> bytes:
+    """A regular file's bytes, at most `max_bytes`; OSError otherwise (a link unless
+    `follow`, a FIFO, which the non-blocking open keeps from hanging the reader, a
+    device or a directory, a larger file). `follow` is for paths the operator chose (a
+    config file, a conf dir's entries, which packages often link): what the link names
+    must still be a regular file within the bound."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
-        data = os.read(fd, max_bytes + 1)
+        data = bytearray()
+        while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):
+            data += chunk
     finally:
         os.close(fd)
     if len(data) > max_bytes:
         raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes")
-    return data
+    return bytes(data)

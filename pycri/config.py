@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import shutil
-import tomllib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 
 import tomli_w
 
-from pycri import parsefail, procs
+from pycri import conffiles, procs
 
 DEFAULT_CONFIG_PATH = Path("/etc/pycri/pycri.toml")
 
@@ -420,13 +419,12 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     else:
         required = True
     try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        data = conffiles.load_toml(path)
     except FileNotFoundError:
         if required:
             raise ConfigError(f"config file {path}: not found") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"config file {path}: {parsefail.invalid('TOML', e)}") from None
+    except ValueError as e:
+        raise ConfigError(f"config file {path}: {e}") from None
     except OSError as e:
         raise ConfigError(f"config file {path}: {e.strerror or type(e).__name__}") from None
     for k, v in (overrides or {}).items():

@@ -11,13 +11,15 @@ the earlier one.
 from __future__ import annotations
 
 import ipaddress
-import tomllib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pycri import errors, parsefail
+from pycri import conffiles, errors
 from pycri.image.reference import DOCKER_HUB, DOCKER_HUB_ENDPOINT, Reference
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,20 @@ def _prefix_matches(prefix: str, name: str) -> int:
     return 0
 
 
+_skipped: dict[str, float] = {}  # drop-ins reported as skipped, by path: their mtime
+
+
+def _skip(f: Path, message: str) -> None:
+    """Report a skipped drop-in once per version of it (every pull reads the files)."""
+    try:
+        mtime = f.lstat().st_mtime
+    except OSError:
+        mtime = 0.0
+    if _skipped.get(str(f)) != mtime:
+        _skipped[str(f)] = mtime
+        log.warning("%s; skipped", message)
+
+
 class RegistriesConf:
     """Parsed registries.conf (+ drop-ins); resolves a reference to ordered endpoints."""
 
@@ -134,17 +150,21 @@ class RegistriesConf:
         if dropin_dir and Path(dropin_dir).is_dir():
             files += sorted(Path(dropin_dir).glob("*.conf"))
         by_prefix: dict[str, _Registry] = {}
-        for f in files:
+        for n, f in enumerate(files):
             try:
-                data = tomllib.loads(f.read_text())
+                data = conffiles.load_toml(f)  # named, never quoted: it may link anywhere
+                regs = [_parse_registry(table, f"{f} registry[{i}]") for i, table in
+                        enumerate(_tables(data.get("registry", []), f"{f} registry"))]
             except FileNotFoundError:
                 continue
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-                # Named, never quoted: the file may be a link to anything root reads.
-                raise errors.InvalidArgument(
-                    f"registries config {f}: {parsefail.invalid('TOML', e)}") from None
-            for i, table in enumerate(_tables(data.get("registry", []), f"{f} registry")):
-                reg = _parse_registry(table, f"{f} registry[{i}]")
+            except (OSError, ValueError, errors.InvalidArgument) as e:
+                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                message = why if why.startswith(str(f)) else f"registries config {f}: {why}"
+                if n == 0 and path:  # the operator's main file: every pull says so
+                    raise errors.InvalidArgument(message) from None
+                _skip(f, message)  # a bad drop-in is skipped, as containers-registries does
+                continue
+            for reg in regs:
                 by_prefix[reg.prefix] = reg
         return cls(list(by_prefix.values()))
 

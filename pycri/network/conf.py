@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pycri import parsefail
+from pycri import conffiles
 from pycri.resources import data_path
 
 log = logging.getLogger(__name__)
@@ -99,10 +99,7 @@ def from_json(data: Any, source: str, single: bool = False) -> NetworkConfig:
 def load_file(path: Path) -> NetworkConfig:
     """Parse one file; `.conflist` is a list, `.conf`/`.json` a single plugin unless it has
     a `plugins` key (libcni accepts a list under `.json` too)."""
-    try:
-        data = json.loads(path.read_bytes())
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError: named, never quoted
-        raise ValueError(parsefail.invalid("JSON", e)) from None
+    data = conffiles.load_json(path)  # the one door: OSError, or ValueError saying why
     single = path.suffix != ".conflist" and not (isinstance(data, dict) and "plugins" in data)
     return from_json(data, str(path), single=single)
 
