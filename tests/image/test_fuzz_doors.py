@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from pycri import errors
 from pycri.image import answers, schema
 from pycri.image.unpack import Bound, unpack_layer
-from tests.lib import images
+from tests.lib import doors, images
 from tests.lib.images import Entry
 
 EXAMPLES = int(os.environ.get("PYCRI_FUZZ_EXAMPLES", "150"))
@@ -41,34 +41,13 @@ _VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
     st.lists(inner, max_size=4), st.dictionaries(_TEXT, inner, max_size=4)), max_leaves=30)
 
 
-@st.composite
-def _mutated(draw: st.DrawFn, seed: Any) -> Any:
-    """`seed` (a JSON document) with one to three places replaced by generated values."""
-    doc = json.loads(json.dumps(seed))
-    for _ in range(draw(st.integers(1, 3))):
-        node, path = doc, []
-        while isinstance(node, (dict, list)) and node and draw(st.booleans()):
-            key = draw(st.sampled_from(sorted(node) if isinstance(node, dict)
-                                       else list(range(len(node)))))
-            path.append(key)
-            node = node[key]
-        value = draw(_VALUES)
-        if not path:
-            if isinstance(doc, dict):
-                doc[draw(_TEXT)] = value
-            continue
-        parent = doc
-        for key in path[:-1]:
-            parent = parent[key]
-        parent[path[-1]] = value
-    return doc
 
 
 def _bodies(seed: Any) -> st.SearchStrategy[bytes]:
     """A mutated document, one nested past every bound, or its text cut and spliced."""
     text = json.dumps(seed).encode()
     return st.one_of(
-        _mutated(seed).map(lambda d: json.dumps(d).encode()),
+        doors.mutated(seed, _TEXT, _VALUES).map(lambda d: json.dumps(d).encode()),
         st.integers(1, 3000).map(lambda n: b'{"token": ' + b"[" * n + b"]" * n + b"}"),
         st.builds(lambda i, junk: text[:i] + junk + text[i:], st.integers(0, len(text)),
                   st.binary(max_size=40)),

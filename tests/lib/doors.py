@@ -174,12 +174,11 @@ _SPEC_KEYS = ("cdiVersion", "kind", "devices", "containerEdits", "annotations", 
 
 
 @st.composite
-def spec_documents(draw: st.DrawFn) -> Any:
-    """A valid spec with one to three places replaced by a generated value."""
-    doc: Any = spec(devices=[{"name": "a", "containerEdits": {
-        "env": ["A=1"], "deviceNodes": [{"path": "/dev/x", "type": "c"}],
-        "mounts": [{"hostPath": "/x", "containerPath": "/y"}],
-        "hooks": [{"hookName": "prestart", "path": "/bin/true"}]}}])
+def mutated(draw: st.DrawFn, seed: Any, keys: st.SearchStrategy[str],
+            values: st.SearchStrategy[Any] = _VALUES) -> Any:
+    """`seed` (a JSON document) with one to three places replaced by a generated value,
+    or given a new top-level key from `keys`: structure-aware mutation of a real input."""
+    doc = json.loads(json.dumps(seed))
     for _ in range(draw(st.integers(1, 3))):
         node, path = doc, []
         while isinstance(node, (dict, list)) and node and draw(st.booleans()):
@@ -187,16 +186,25 @@ def spec_documents(draw: st.DrawFn) -> Any:
                                        else list(range(len(node)))))
             path.append(key)
             node = node[key]
-        value = draw(_VALUES)
+        value = draw(values)
         if not path:
             if isinstance(doc, dict):
-                doc[draw(st.sampled_from(_SPEC_KEYS))] = value
+                doc[draw(keys)] = value
             continue
         parent = doc
         for key in path[:-1]:
             parent = parent[key]
         parent[path[-1]] = value
     return doc
+
+
+def spec_documents() -> st.SearchStrategy[Any]:
+    """A valid spec with one to three places replaced by a generated value."""
+    return mutated(spec(devices=[{"name": "a", "containerEdits": {
+        "env": ["A=1"], "deviceNodes": [{"path": "/dev/x", "type": "c"}],
+        "mounts": [{"hostPath": "/x", "containerPath": "/y"}],
+        "hooks": [{"hookName": "prestart", "path": "/bin/true"}]}}]),
+        st.sampled_from(_SPEC_KEYS))
 
 
 def config_texts() -> st.SearchStrategy[bytes]:
