@@ -14,6 +14,7 @@ import re
 import stat
 from typing import Any
 
+_NULL = os.makedev(1, 3)  # /dev/null
 # A string (escapes included) or a bracket: brackets inside strings do not count.
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[][{}]')
 
@@ -58,7 +59,10 @@ def read_file(path: str | os.PathLike[str], max_bytes: int, follow: bool = False
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == _NULL:
+            return b""  # the null device: the usual way to say "no file" (--config /dev/null)
+        if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
         data = bytearray()
         while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pycri.config import ConfigError, load
+from pycri.config import Config, ConfigError, load
 from pycri.errors import InvalidArgument
 from pycri.image.reference import parse
 from pycri.image.regconf import RegistriesConf
@@ -113,3 +113,10 @@ def test_a_hostile_config_file_is_one_clear_error(tmp_path: Path, kind: str) -> 
         _in_time(lambda: load(path))
     assert str(e.value).startswith(f"config file {path}: ") and SECRET not in str(e.value)
     assert WHY[kind] in str(e.value), str(e.value)
+
+
+def test_the_null_device_is_an_empty_file(tmp_path: Path) -> None:
+    """`--config /dev/null` says "no config" (hack/build-deb.sh renders the defaults so):
+    the null device reads as empty, where /dev/zero and other devices are refused."""
+    (tmp_path / "linked.toml").symlink_to("/dev/null")
+    assert load(Path("/dev/null")) == load(tmp_path / "linked.toml") == Config()
