@@ -51,7 +51,6 @@ class Rebuilt:
     pods: set[str] = field(default_factory=set)
     containers: int = 0
     images: int = 0
-    unreadable: list[str] = field(default_factory=list)  # bundles without a usable record
 
 
 async def rebuild(store: Store, launcher: Launcher, images: ImageManager,
@@ -91,7 +90,6 @@ def _records(store: Store, launcher: Launcher, images: ImageManager,
             why = getattr(e, "strerror", None) or e
             log.error("bundle %s has no usable record (%s: %s): not rebuilt; its process, "
                       "if any, is not pycri's to manage", bundle, type(e).__name__, why)
-            out.unreadable.append(bundle.name)
             continue
         snapshots |= found.snapshots
     out.images = images.rebuild(snapshots, refs)

@@ -56,15 +56,20 @@ class RegistryRefused(errors.FailedPrecondition, RegistryError):
 async def read_body(resp: httpx.Response, limit: int, what: str) -> bytes:
     """The raw body, refused as soon as it passes `limit` (a Content-Length over it
     before any of it is read)."""
-    length = resp.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise too_large(what, limit)
+    check_length(resp, limit, what)
     data = bytearray()
     async for chunk in resp.aiter_raw():
         data += chunk
         if len(data) > limit:
             raise too_large(what, limit)
     return bytes(data)
+
+
+def check_length(resp: httpx.Response, limit: int, what: str) -> None:
+    """Refuse a body its Content-Length says is over `limit` before reading any of it."""
+    length = resp.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise too_large(what, limit)
 
 
 def too_large(what: str, limit: int) -> errors.InvalidArgument:

@@ -16,7 +16,7 @@ import uuid
 from collections import Counter
 from collections.abc import Hashable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from pycri import errors
 from pycri.config import ImagesConfig
@@ -42,7 +42,7 @@ def _strings(rec: Record, key: str) -> builtins.list[str]:
     return [v for v in value if isinstance(v, str) and schema.is_text(v)]
 
 
-def _count(value: object) -> bool:
+def _count(value: object) -> TypeGuard[int]:
     """Whether a stored size or count is one: a non-negative int (a bool is not)."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
@@ -130,7 +130,7 @@ class ImageBase:
         for chain in chains:
             rec = self._store.get(LAYER, chain)
             n = rec.get("bytes") if rec else None
-            total += n if isinstance(n, int) and _count(n) else 0
+            total += n if _count(n) else 0
         return total
 
     def set_pinned(self, refs: Iterable[str]) -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
-import logging
 from collections.abc import Iterable, Mapping
 
 from pycri import boundedjson, errors
@@ -25,8 +24,6 @@ from pycri.image.pull import chain_ids
 from pycri.image.unpack import disk_usage
 from pycri.store.beside import Snapshot
 from pycri.store.db import Record
-
-log = logging.getLogger("pycri.image")
 
 MAX_DOCUMENT = schema.MAX_CONFIG  # manifests, indexes and configs are read up to this
 
@@ -52,10 +49,12 @@ class ImageFound(ImageBase):
                 rec["blobs"] = sorted(set(rec["blobs"]) | set(images[iid]["blobs"]))
             images[iid] = rec
         for digest, doc in docs.items():
-            if "manifests" in doc:
-                for rec in images.values():
-                    if set(_listed(doc)) & set(rec["blobs"]):
-                        rec["blobs"] = sorted({*rec["blobs"], digest})
+            if "manifests" not in doc:
+                continue
+            listed = set(_listed(doc))  # an index: it stays with the images it lists
+            for rec in images.values():
+                if listed & set(rec["blobs"]):
+                    rec["blobs"] = sorted({*rec["blobs"], digest})
         for ref in refs:
             with _unreadable():
                 r = reference.parse(ref)

@@ -273,7 +273,6 @@ class ImagePull(ImageBase):
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
 
-
     def _commit(self, r: reference.Reference, top: str, config_digest: str,
                 config: dict[str, Any], blobs: builtins.list[str],
                 chains: builtins.list[str], annotations: dict[str, str]) -> str:

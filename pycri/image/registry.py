@@ -261,7 +261,7 @@ class RegistryClient:
                     raise errors.NotFound(f"{what}: not found")
                 await _check_status(resp, what)
                 if w.size is not None:
-                    _check_length(resp, w.size, what)
+                    answers.check_length(resp, w.size, what)
                 async for chunk in resp.aiter_raw(CHUNK):
                     dog.progress()
                     metrics.PULL_BYTES.inc(len(chunk))
@@ -301,13 +301,6 @@ def _leaf(e: BaseException) -> BaseException:
 
 def _basic_header(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
-
-
-def _check_length(resp: httpx.Response, limit: int, what: str) -> None:
-    """Refuse a body its Content-Length says is over `limit` before reading any of it."""
-    length = resp.headers.get("content-length", "")
-    if length.isdigit() and int(length) > limit:
-        raise answers.too_large(what, limit)
 
 
 async def _check_status(resp: httpx.Response, what: str) -> None:

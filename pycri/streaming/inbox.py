@@ -36,7 +36,6 @@ class Pool:
         connection's input is given back."""
         self.limit = limit
         self.used = 0
-        self.peak = 0  # the most it held at once
         self.closed = False
         self.peer_gone = False
         self.parent = parent
@@ -52,7 +51,6 @@ class Pool:
 
     def take(self, size: int) -> None:
         self.used += size
-        self.peak = max(self.peak, self.used)
         if self.parent is not None:
             self.parent.take(size)
 

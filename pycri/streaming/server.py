@@ -127,6 +127,11 @@ class _Unread(Pool):
     later, so that a session's end gives back all it held first."""
 
     _trim_pending = False
+    peak = 0  # the most it held since the last trim
+
+    def take(self, size: int) -> None:
+        super().take(size)
+        self.peak = max(self.peak, self.used)
 
     def give(self, size: int) -> None:
         super().give(size)
