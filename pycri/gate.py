@@ -39,6 +39,7 @@ from pycri.api.api_pb2 import CONTAINER, NODE, POD, TARGET
 from pycri.cdi import names as cdi_names
 from pycri.errors import InvalidArgument
 from pycri.oci.bindopts import option_problem
+from pycri.oci.spec.resources import MAX_CPU_QUOTA
 
 MAX_ITEMS = 10_000
 # A kubelet turns every Service of a namespace into 7 env vars (enableServiceLinks, on by
@@ -285,9 +286,10 @@ _NON_NEGATIVE = _between(0, _I64_MAX)
 RANGES: dict[tuple[str, str], Check] = {
     ("LinuxContainerResources", "oom_score_adj"): _between(-1000, 1000),
     ("LinuxContainerResources", "cpu_shares"): _between(0, 262144),
-    # The kernel takes CFS periods of 1 ms..1 s and quotas of at least 1 ms; 0 is unset.
+    # The kernel takes CFS periods of 1 ms..1 s and quotas of 1 ms..2^44-1 µs (EINVAL
+    # above, found by the RPC fuzzer); 0 is unset, -1 unlimited.
     ("LinuxContainerResources", "cpu_period"): _between(1000, 1_000_000, 0),
-    ("LinuxContainerResources", "cpu_quota"): _between(1000, _I64_MAX, 0, -1),
+    ("LinuxContainerResources", "cpu_quota"): _between(1000, MAX_CPU_QUOTA, 0, -1),
     # At least a page. A limit the runtime cannot start a container in (1-2 MiB with runc
     # here) is refused by it, as InvalidArgument with the kernel's words; 4 MiB runs, and
     # the API lets a pod ask for it, so no higher floor is the gate's to set (issue 25).

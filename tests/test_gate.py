@@ -141,6 +141,9 @@ BAD: list[tuple[str, object, str]] = [
     ("cpu shares", res(cpu_shares=262145), "resources.cpu_shares: 262145 is outside"),
     ("cpu period", res(cpu_period=10), "resources.cpu_period: 10 is outside"),
     ("cpu quota", res(cpu_quota=999), "resources.cpu_quota: 999 is outside"),
+    # the kernel's EINVAL above 2^44-1 µs was an UNKNOWN "creating the pod cgroup"
+    ("cpu quota over the kernel's", res(cpu_quota=2**63 - 1),
+     "resources.cpu_quota: 9223372036854775807 is outside 1000..17592186044415"),
     ("negative memory", res(memory_limit_in_bytes=-5), "memory_limit_in_bytes: -5"),
     ("port", run(port_mappings=[pb.PortMapping(container_port=70000)]),
      "config.port_mappings[0].container_port: 70000 is outside 0..65535"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pycri.api import api_pb2 as pb
 from pycri.oci.spec.build import SandboxContext, sandbox_spec
-from pycri.oci.spec.resources import pod_limits
+from pycri.oci.spec.resources import MAX_CPU_QUOTA, pod_limits
 
 from .specutil import sandbox_config
 
@@ -58,6 +58,15 @@ def test_pod_limits_unset_stay_unset() -> None:
     # kubelet's "no CPU limit" (quota -1) and no memory limit: shares only
     assert pod_limits(linux(R(cpu_period=100000, cpu_quota=-1, cpu_shares=2))) == {
         "cpu": {"shares": 2}}
+
+
+def test_pod_limits_stay_within_what_the_kernel_takes() -> None:
+    """The largest quota and memory the gate lets through, plus the largest overhead,
+    still give values the kernel takes (tests/sandbox/test_podcgroup.py writes them)."""
+    big = R(cpu_period=1000, cpu_quota=MAX_CPU_QUOTA, memory_limit_in_bytes=2**63 - 1)
+    got = pod_limits(linux(big, big))
+    assert got == {"cpu": {"quota": MAX_CPU_QUOTA, "period": 1000},
+                   "memory": {"limit": 2**63 - 1}}
 
 
 def test_pod_limits_default_period_and_share_cap() -> None:

@@ -4,8 +4,14 @@ this host has no pure v2 hierarchy to write to)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
+
+from pycri.api import api_pb2 as pb
+from pycri.cgroups import CGROUP_ROOT, Cgroup
+from pycri.oci.spec.resources import MAX_CPU_QUOTA, pod_limits
 from pycri.sandbox import podcgroup
 
 LIMITS = {"cpu": {"shares": 1024, "quota": 50000, "period": 100000},
@@ -71,3 +77,24 @@ def test_update_v1_touches_only_existing_controllers(tmp_path: Path) -> None:
                                                 "memory": {"limit": 1 << 29}}, root=tmp_path)
     assert (tmp_path / "memory/pycri/pod-s1/memory.limit_in_bytes").read_text() == str(1 << 29)
     assert not (tmp_path / "cpu").exists()
+
+
+def test_the_largest_limits_the_gate_allows_are_written_to_real_cgroups() -> None:
+    """The RPC fuzzer's finding: a pod quota of 2^63-1 µs was an UNKNOWN "creating the
+    pod cgroup: Invalid argument". The gate now stops at the kernel's bound; the largest
+    pod_limits that passes it (plus the largest overhead) is taken by this kernel."""
+    if os.geteuid() != 0 or not CGROUP_ROOT.is_dir():
+        pytest.skip("not exercised: writing real cgroups needs root and /sys/fs/cgroup")
+    big = pb.LinuxContainerResources(cpu_period=1000, cpu_quota=MAX_CPU_QUOTA,
+                                     memory_limit_in_bytes=2**63 - 1)
+    limits = pod_limits(pb.LinuxPodSandboxConfig(resources=big, overhead=big))
+    sandbox_id = f"fuzz-{os.getpid()}"
+    path = podcgroup.path_for(sandbox_id)
+    try:
+        podcgroup.create(path, limits, root=CGROUP_ROOT)
+        cg = Cgroup(path.lstrip("/"), CGROUP_ROOT)
+        quota = Path(cg.file("cpu", "cpu.cfs_quota_us", "cpu.max")).read_text().split()[0]
+        assert quota == str(MAX_CPU_QUOTA)
+    finally:
+        podcgroup.remove(path, sandbox_id, root=CGROUP_ROOT)
+    assert not [d for d in Cgroup(path.lstrip("/"), CGROUP_ROOT).dirs() if d.exists()]

@@ -11,6 +11,8 @@ from pycri.errors import InvalidArgument
 
 CFS_PERIOD = 100_000  # µs, the kernel's default (and the kubelet's) CFS period
 MAX_CPU_SHARES = 262_144
+MAX_CPU_QUOTA = 2**44 - 1  # µs: the largest CFS quota the kernel takes (cgroup v1 and v2)
+MAX_MEMORY = 2**63 - 1
 
 
 def cgroups_path(parent: str, driver: str, object_id: str) -> str:
@@ -51,10 +53,11 @@ def pod_limits(linux: pb.LinuxPodSandboxConfig) -> dict[str, Any]:
     if res.cpu_quota > 0:
         period = res.cpu_period or CFS_PERIOD
         extra = ovh.cpu_quota * period // (ovh.cpu_period or CFS_PERIOD) if ovh.cpu_quota > 0 else 0
-        cpu["quota"], cpu["period"] = res.cpu_quota + extra, period
+        cpu["quota"], cpu["period"] = min(MAX_CPU_QUOTA, res.cpu_quota + extra), period
     out: dict[str, Any] = {"cpu": cpu} if cpu else {}
     if res.memory_limit_in_bytes > 0:
-        out["memory"] = {"limit": res.memory_limit_in_bytes + max(0, ovh.memory_limit_in_bytes)}
+        limit = res.memory_limit_in_bytes + max(0, ovh.memory_limit_in_bytes)
+        out["memory"] = {"limit": min(MAX_MEMORY, limit)}
     if res.unified:
         out["unified"] = dict(res.unified)
     return out
