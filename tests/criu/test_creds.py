@@ -11,7 +11,7 @@ import pytest
 from pycri.criu import creds
 from pycri.errors import FailedPrecondition, InvalidArgument
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES, DEFAULT_CAPABILITIES
-from tests.lib.criu_images import write_core
+from tests.lib.criu_images import ALLOW_ALL, DENY_ALL, write_core, write_seccomp
 
 
 def spec(uid: int = 1000, caps: tuple[str, ...] = (), seccomp: bool = True) -> dict[str, Any]:
@@ -70,4 +70,72 @@ def test_a_checkpoint_without_a_process_is_invalid(tmp_path: Path) -> None:
         creds.check(tmp_path, spec())
     (tmp_path / "core-1.img").mkdir()
     with pytest.raises(InvalidArgument, match="not a regular file"):
+        creds.check(tmp_path, spec())
+
+
+def test_the_checkpoints_seccomp_filters_are_compared_with_the_requests(tmp_path: Path) -> None:
+    """Issue 39, item 5: a thread that ran under a filter letting everything through was
+    restored into a container asking for a profile, as only the filter's presence was
+    checked. Now it is refused, naming what the filter lets through."""
+    write_seccomp(tmp_path, [ALLOW_ALL])
+    write_core(tmp_path, pid=1, uid=1000)
+    with pytest.raises(FailedPrecondition) as e:
+        creds.check(tmp_path, spec())
+    assert "core-1.img ran under seccomp filters that let through what the request's " \
+           "profile does not: " in str(e.value)
+    assert "read on x86_64 (ALLOW, the profile: ERRNO)" in str(e.value)
+    creds.check(tmp_path, spec(seccomp=False))  # an unconfined request: anything goes
+    # the strictest filter of a thread's chain wins: ALLOW_ALL (1) over DENY_ALL (0)
+    write_seccomp(tmp_path, [DENY_ALL, ALLOW_ALL])
+    write_core(tmp_path, pid=1, uid=1000, seccomp_filter=1)
+    creds.check(tmp_path, spec())
+    write_seccomp(tmp_path, [DENY_ALL, ALLOW_ALL], prevs=[None, None])  # ALLOW_ALL alone
+    with pytest.raises(FailedPrecondition, match="let through"):
+        creds.check(tmp_path, spec())
+
+
+def test_older_images_keep_the_mode_and_filter_in_the_tasks_core(tmp_path: Path) -> None:
+    write_seccomp(tmp_path, [ALLOW_ALL])
+    write_core(tmp_path, uid=1000, task_seccomp=True)
+    assert creds.threads(tmp_path)[0].seccomp_filter == 0
+    with pytest.raises(FailedPrecondition, match="let through"):
+        creds.check(tmp_path, spec())
+
+
+def test_unmitigated_speculation_is_refused_unless_asked_for(tmp_path: Path) -> None:
+    write_seccomp(tmp_path, [DENY_ALL], flags=4)  # SECCOMP_FILTER_FLAG_SPEC_ALLOW
+    write_core(tmp_path, uid=1000)
+    with pytest.raises(FailedPrecondition, match="SECCOMP_FILTER_FLAG_SPEC_ALLOW"):
+        creds.check(tmp_path, spec())
+    doc = spec()
+    doc["linux"]["seccomp"]["flags"] = ["SECCOMP_FILTER_FLAG_SPEC_ALLOW"]
+    creds.check(tmp_path, doc)
+
+
+def test_filters_that_are_missing_or_cannot_be_compared_are_refused(tmp_path: Path) -> None:
+    write_core(tmp_path, pid=1, uid=1000, seccomp_filter=None)
+    with pytest.raises(FailedPrecondition, match="filters the checkpoint does not hold"):
+        creds.check(tmp_path, spec())
+    tax = bytes([0x07, 0, 0, 0, 0, 0, 0, 0]) + DENY_ALL  # BPF_MISC|BPF_TAX: not seccomp's
+    write_seccomp(tmp_path, [tax])
+    write_core(tmp_path, pid=1, uid=1000)
+    with pytest.raises(FailedPrecondition, match=r"cannot be compared .*opcode 0x7"):
+        creds.check(tmp_path, spec())
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda d: (d / "seccomp.img").write_bytes(b"\x19CVTI0Ad\xff\x00\x00\x00"), "truncated"),
+    (lambda d: (d / "seccomp.img").write_bytes(b"garbage!" * 4), "not a CRIU seccomp image"),
+    (lambda d: (d / "seccomp.img").symlink_to("/etc/passwd"), "not a regular file"),
+    (lambda d: write_seccomp(d, [DENY_ALL, DENY_ALL], prevs=[1, 0]), "form a loop"),
+    (lambda d: write_seccomp(d, [DENY_ALL], prevs=[5]), "names filter 5, which is not"),
+    (lambda d: write_seccomp(d, [DENY_ALL] * 1025), "more than 1024 filters"),
+    (lambda d: None, "names filter 0, which is not there"),  # no seccomp.img at all
+])
+def test_a_malformed_seccomp_image_is_invalid(tmp_path: Path, make: Any, message: str) -> None:
+    write_core(tmp_path, uid=1000, seccomp_filter=None)  # no seccomp.img made here
+    write_core(tmp_path, uid=1000, seccomp_filter=0, pid=2)
+    (tmp_path / "seccomp.img").unlink(missing_ok=True)
+    make(tmp_path)
+    with pytest.raises(InvalidArgument, match=message):
         creds.check(tmp_path, spec())

@@ -22,10 +22,11 @@ import grpc
 import pytest
 
 from pycri.api import api_pb2 as pb
+from pycri.oci.seccomp import default_profile
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 from tests.e2e.conftest import CRIU, Node
-from tests.lib import hostile_checkpoints, images, tools
-from tests.lib.criu_images import write_core
+from tests.lib import hostile_checkpoints, images, seccomp_filters, tools
+from tests.lib.criu_images import ALLOW_ALL, write_core, write_seccomp
 from tests.lib.registry import Registry
 
 pytestmark = pytest.mark.e2e
@@ -112,11 +113,13 @@ HOST_ROOT = [{"containerPath": "/host", "hostPath": "/"}]
 
 def checkpoint_source(node: Node, registry: Registry, via: str, name: str, doc: bytes,
                       core: Path) -> str:
-    """A checkpoint layout (`doc` as pycri.container.json, `core` as CRIU's only image)
-    as an archive in the archive dir or as a pulled image marked as a checkpoint; the
-    reference CreateContainer takes for it."""
+    """A checkpoint layout (`doc` as pycri.container.json, `core` as CRIU's only process
+    image, with the seccomp.img beside it if there is one) as an archive in the archive
+    dir or as a pulled image marked as a checkpoint; the reference CreateContainer takes
+    for it."""
     entries = [images.file("pycri.container.json", doc), images.directory("checkpoint"),
-               images.file(f"checkpoint/{core.name}", core.read_bytes())]
+               *(images.file(f"checkpoint/{f.name}", f.read_bytes())
+                 for f in (core, core.parent / "seccomp.img") if f.exists())]
     if via == "archive":
         path = archives(node) / f"{name}.tar"
         path.write_bytes(images.tar_bytes(entries))
@@ -484,6 +487,63 @@ def test_the_request_sets_privilege_never_the_checkpoint(
     details = refused_create("root", container_json(node), root)
     assert "uid 0" in details and "CAP_SYS_ADMIN" in details and "seccomp" in details, details
     assert [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers] == [cid]
+
+
+def test_a_checkpoint_keeps_its_seccomp_filters_only_where_the_request_has_them(
+    node: Node, registry: Registry
+) -> None:
+    """Issue 39, item 5. The filters of a real runc container under RuntimeDefault, read
+    as CRIU reads them when it dumps (ptrace), restore into a container asking for
+    RuntimeDefault: runc's program, ENOSYS stub and all, is as strict as the profile.
+    The same checkpoint whose filter lets everything through (once only the presence of
+    a filter was checked) is refused, and so is runc's real filter under a request with
+    a stricter Localhost profile."""
+    criu_stand_in(node)
+    node.restart()
+    rt = node.cri.runtime
+    sid, pod = node.run_pod("ckpt-seccomp")
+    live = confined(node, "live")
+    cid = rt.CreateContainer(pb.CreateContainerRequest(
+        pod_sandbox_id=sid, config=live, sandbox_config=pod)).container_id
+    rt.StartContainer(pb.StartContainerRequest(container_id=cid))
+    status = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid, verbose=True))
+    filters = seccomp_filters.installed(int(json.loads(status.info["info"])["pid"]))
+    assert filters, "runc installed no seccomp filter"
+    real = write_core(node.tmp / "real", uid=1000, seccomp_filter=0, pid=9)
+    write_seccomp(real.parent, filters)  # newest first, each above the next, as CRIU has it
+
+    def create(name: str, core: Path, config: pb.ContainerConfig | None = None) -> str:
+        request = config or confined(node, name)
+        request.image.image = checkpoint_source(node, registry, "archive", name,
+                                                container_json(node), core)
+        return str(rt.CreateContainer(pb.CreateContainerRequest(
+            pod_sandbox_id=sid, config=request, sandbox_config=pod)).container_id)
+
+    restored = create("real", real)
+    assert restored in [c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers]
+
+    loose = write_core(node.tmp / "loose", uid=1000, pid=9)
+    write_seccomp(loose.parent, [ALLOW_ALL])
+    with pytest.raises(grpc.RpcError) as e:
+        create("loose", loose)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert "core-9.img ran under seccomp filters that let through" in str(e.value.details())
+
+    strict = node.tmp / "profiles" / "no-getpid.json"  # RuntimeDefault less getpid
+    strict.parent.mkdir(exist_ok=True)
+    profile = default_profile()
+    for rule in profile["syscalls"]:
+        rule["names"] = [n for n in rule["names"] if n != "getpid"]
+    strict.write_text(json.dumps(profile))
+    config = confined(node, "stricter")
+    config.linux.security_context.seccomp.CopyFrom(pb.SecurityProfile(
+        profile_type=pb.SecurityProfile.Localhost, localhost_ref=str(strict)))
+    with pytest.raises(grpc.RpcError) as e:
+        create("stricter", real, config)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+    assert "getpid on x86_64 (ALLOW, the profile: ERRNO)" in str(e.value.details())
+    assert sorted(c.id for c in rt.ListContainers(pb.ListContainersRequest()).containers
+                  ) == sorted([cid, restored])
 
 
 def test_a_pod_with_a_container_from_a_checkpoint_can_always_be_removed(node: Node) -> None:

@@ -2,12 +2,15 @@
 what pycri reads is what CRIU writes, on hosts where CRIU itself cannot dump.
 
     write_core(images_dir, pid=1, uid=1000, caps=[], seccomp="filter")
+    write_seccomp(images_dir, [program, ...])
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
+import struct
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,6 +18,34 @@ from pathlib import Path
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 
 CRIT = shutil.which("crit") or "/usr/bin/crit"
+# Seccomp filters of one instruction: every system call kills the process (stricter than
+# any profile), or is let through.
+DENY_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x80000000)
+ALLOW_ALL = struct.pack("<HBBI", 0x06, 0, 0, 0x7FFF0000)
+
+
+def _encode(doc: dict, out: Path) -> Path:
+    subprocess.run([CRIT, "encode", "-o", str(out)], input=json.dumps(doc).encode(),
+                   check=True, capture_output=True, timeout=60)
+    return out
+
+
+def write_seccomp(images: Path, programs: list[bytes], prevs: list[int | None] | None = None,
+                  flags: int = 0) -> Path:
+    """`images`/seccomp.img holding `programs`, filter i below filter i-1 unless `prevs`
+    says otherwise (a thread names its newest filter's index)."""
+    prevs = prevs if prevs is not None else [None, *range(len(programs) - 1)]
+    filters = []
+    for program, prev in zip(programs, prevs, strict=True):
+        f: dict = {"filter": base64.b64encode(program).decode()}
+        if prev is not None:
+            f["prev"] = prev
+        if flags:
+            f["flags"] = flags
+        filters.append(f)
+    images.mkdir(parents=True, exist_ok=True)
+    return _encode({"magic": "SECCOMP", "entries": [{"seccomp_filters": filters}]},
+                   images / "seccomp.img")
 
 
 def cap_words(caps: Iterable[str]) -> list[int]:
@@ -27,9 +58,13 @@ def cap_words(caps: Iterable[str]) -> list[int]:
 
 def write_core(images: Path, pid: int = 1, uid: int = 1000, gid: int | None = None,
                caps: Iterable[str] = (), seccomp: str = "filter",
-               groups: Iterable[int] = ()) -> Path:
+               groups: Iterable[int] = (), seccomp_filter: int | None = 0,
+               task_seccomp: bool = False) -> Path:
     """`images`/core-<pid>.img for one thread running as `uid` (all its uids) with `caps`
-    in every capability set and seccomp mode `seccomp` ("disabled", "strict", "filter")."""
+    in every capability set and seccomp mode `seccomp` ("disabled", "strict", "filter");
+    in mode "filter" under filter `seccomp_filter` of seccomp.img, which is made holding
+    DENY_ALL if there is none yet. `task_seccomp`: the mode and filter where older CRIUs
+    kept them, in the task's core rather than the thread's."""
     gid = uid if gid is None else gid
     words = cap_words(caps)
     creds = {**{k: uid for k in ("uid", "euid", "suid", "fsuid")},
@@ -46,7 +81,13 @@ def write_core(images: Path, pid: int = 1, uid: int = 1000, gid: int | None = No
                         "seccomp_mode": seccomp},
     }]}
     images.mkdir(parents=True, exist_ok=True)
-    out = images / f"core-{pid}.img"
-    subprocess.run([CRIT, "encode", "-o", str(out)], input=json.dumps(doc).encode(),
-                   check=True, capture_output=True, timeout=60)
-    return out
+    entry = doc["entries"][0]
+    if seccomp == "filter" and seccomp_filter is not None:
+        entry["thread_core"]["seccomp_filter"] = seccomp_filter
+        if not (images / "seccomp.img").exists():
+            write_seccomp(images, [DENY_ALL])
+    if task_seccomp:
+        for key in ("seccomp_mode", "seccomp_filter"):
+            if key in entry["thread_core"]:
+                entry["tc"][f"old_{key}"] = entry["thread_core"].pop(key)
+    return _encode(doc, images / f"core-{pid}.img")

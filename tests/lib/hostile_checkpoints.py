@@ -23,7 +23,7 @@ import grpc
 
 from pycri.oci.spec.capabilities import ALL_CAPABILITIES
 from tests.lib import images
-from tests.lib.criu_images import write_core
+from tests.lib.criu_images import ALLOW_ALL, DENY_ALL, write_core, write_seccomp
 from tests.lib.images import Entry
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -56,12 +56,23 @@ def _attacks(image: str, work: Path) -> dict[str, Callable[[], list[Entry]]]:
         path = write_core(work / name, **kw)
         return images.file(f"checkpoint/{path.name}", path.read_bytes())
 
-    ok_core = lambda: core("granted", uid=1000)  # noqa: E731
+    def seccomp(name: str, programs: list[bytes], **kw: Any) -> list[Entry]:
+        """A core under filter 0 of a seccomp.img holding `programs`."""
+        path = write_seccomp(work / name, programs, **kw)
+        return [core(name, pid=5, uid=1000),
+                images.file(f"checkpoint/{path.name}", path.read_bytes())]
+
+    def ok_core() -> Entry:
+        return core("granted", uid=1000)
+
+    def ok_filters() -> Entry:
+        return images.file("checkpoint/seccomp.img", (work / "granted/seccomp.img").read_bytes())
+
     ok_json = images.file("pycri.container.json", container_json(image))
 
     def layout(*extra: Entry, doc: Entry | None = None, process: bool = True) -> list[Entry]:
         return [doc or ok_json, images.directory("checkpoint"),
-                *([ok_core()] if process else []), *extra]
+                *([ok_core(), ok_filters()] if process else []), *extra]
 
     def metadata(data: bytes | str) -> list[Entry]:
         return layout(doc=images.file("pycri.container.json", data))
@@ -96,6 +107,11 @@ def _attacks(image: str, work: Path) -> dict[str, Callable[[], list[Entry]]]:
         "deleted-escape": lambda: layout(images.file(
             "deleted.files", json.dumps(["/../../../../etc/hostname"]))),
         "deleted-not-list": lambda: layout(images.file("deleted.files", '{"a": 1}')),
+        # issue 39, item 5: a filter letting everything through, a loop of filters
+        "seccomp-allow-all": lambda: layout(*seccomp("allow-all", [ALLOW_ALL]),
+                                                    process=False),
+        "seccomp-loop": lambda: layout(*seccomp("loop", [DENY_ALL], prevs=[0]),
+                                               process=False),
     }
 
 
@@ -122,6 +138,8 @@ EXPECT: dict[str, grpc.StatusCode] = {
     "rootfs-diff-not-tar": INVALID,
     "deleted-escape": INVALID,
     "deleted-not-list": INVALID,
+    "seccomp-allow-all": DENIED,
+    "seccomp-loop": INVALID,
 }
 NAMES = sorted(EXPECT)
 
