@@ -86,3 +86,40 @@ async def test_helpers_run_at_most_max_concurrent_at_once(tmp_path: Path) -> Non
     assert [rc for rc, _, _ in results] == [0] * 12
     counts = [int(n) for n in Path(f"{running}.counts").read_text().split()]
     assert len(counts) == 12 and max(counts) == 3
+
+
+# A helper that prints without end on one stream and leaves a child printing too.
+FLOOD = ('#!/bin/sh\necho "$$" > "$0.pids"\nyes flood >&{fd} &\necho "$!" >> "$0.pids"\n'
+         'exec yes >&{fd}\n')
+
+
+@pytest.mark.parametrize(("fd", "stream"), [(1, "stdout"), (2, "stderr")])
+async def test_output_past_the_bound_kills_the_helper(tmp_path: Path, fd: int,
+                                                      stream: str) -> None:
+    """Issue 41: a CNI plugin's 512 MiB of stdout was buffered whole before its 1 MiB
+    limit applied (RSS +1 GB). Now reading stops at the bound, the group dies, and no
+    more than the bound (plus a chunk) was ever held."""
+    import tracemalloc
+
+    path = tmp_path / "flood"
+    path.write_text(FLOOD.format(fd=fd))
+    path.chmod(0o755)
+    tracemalloc.start()
+    try:
+        with pytest.raises(procs.OutputTooLarge, match=f"more than 1 MiB on {stream}"):
+            await procs.run([str(path)], stdin=b"{}", timeout=60, max_output=1 << 20)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 << 20, f"{peak} bytes held for a 1 MiB bound"
+    pids = [int(p) for p in (tmp_path / "flood.pids").read_text().split()]
+    assert _gone(pids), f"flood left running: {pids}"
+
+
+async def test_output_up_to_the_bound_and_unread_stdin_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "print"
+    path.write_text("#!/bin/sh\nhead -c 1048576 /dev/zero\necho oops >&2\nexit 3\n")
+    path.chmod(0o755)
+    rc, out, err = await procs.run([str(path)], stdin=b"x" * (4 << 20), timeout=60,
+                                   max_output=1 << 20)
+    assert (rc, len(out), err) == (3, 1 << 20, b"oops\n")

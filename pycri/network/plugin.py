@@ -94,12 +94,13 @@ async def run_plugin(
     try:  # on a timeout or cancellation the plugin and its children are killed
         with metrics.timed(metrics.CNI_SECONDS.labels(plugin, call.command), failures):
             rc, out, err = await procs.run([binary], stdin=json.dumps(stdin).encode(),
-                                           timeout=timeout, env=call.env())  # fmt: skip
+                                           timeout=timeout, env=call.env(),
+                                           max_output=_MAX_OUTPUT)  # fmt: skip
     except TimeoutError:
         msg = f"no answer within {timeout:g}s, killed (the limit is cni.plugin_timeout)"
         raise CNIPluginError(plugin, call.command, msg) from None
-    if len(out) > _MAX_OUTPUT:
-        raise CNIPluginError(plugin, call.command, "output larger than 1 MiB")
+    except procs.OutputTooLarge as e:  # read no further than the bound, then killed
+        raise CNIPluginError(plugin, call.command, str(e)) from None
     if rc != 0:
         failures.inc()
         raise _error_from_output(plugin, call.command, rc, out, err)

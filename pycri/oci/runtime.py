@@ -150,6 +150,9 @@ class OCIRuntime:
                 f"{self.name} {' '.join(args)}: no answer within {limit:g}s, killed "
                 f"(the limit is runtimes.{self.name}.timeout)"
             ) from None
+        except procs.OutputTooLarge as e:
+            raise OCIRuntimeError(self.name, action, args[-1] if len(args) > 1 else "",
+                                  str(e)) from None
 
     def _absent(self, cid: str) -> bool:
         """Both runc and crun keep one directory per container under the root."""
