@@ -50,6 +50,18 @@ def loads(text: str | bytes, max_bytes: int, max_depth: int) -> Any:
     return json.loads(text)
 
 
+def file_kind(mode: int) -> str:
+    """A file type in words, for error messages."""
+    for test, name in (
+        (stat.S_ISDIR, "directory"), (stat.S_ISREG, "regular file"), (stat.S_ISLNK, "symlink"),
+        (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+        (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
+    ):
+        if test(mode):
+            return name
+    return "special file"
+
+
 def read_file(path: str | os.PathLike[str], max_bytes: int, follow: bool = False) -> bytes:
     """A regular file's bytes, at most `max_bytes`; OSError otherwise (a link unless
     `follow`, a FIFO, which the non-blocking open keeps from hanging the reader, a
@@ -63,7 +75,7 @@ def read_file(path: str | os.PathLike[str], max_bytes: int, follow: bool = False
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == _NULL:
             return b""  # the null device: the usual way to say "no file" (--config /dev/null)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
+            raise OSError(errno.EINVAL, f"is a {file_kind(st.st_mode)}, not a regular file")
         data = bytearray()
         while len(data) <= max_bytes and (chunk := os.read(fd, max_bytes + 1 - len(data))):
             data += chunk

@@ -1,5 +1,6 @@
 """Files pycri reads but did not write, and that the operator chose (pycri's config,
-registries.conf and its drop-ins, CNI conf dirs): one door (issue 41).
+registries.conf and its drop-ins, CNI conf dirs, CDI specs, NRI plugin configs, seccomp
+profiles): one door (issue 41).
 
 Each is opened without blocking (a FIFO cannot stall the event loop), must be a
 regular file once opened (a directory, a device, `/dev/zero` behind a link are refused),
@@ -21,8 +22,19 @@ MAX_BYTES = 1 << 20  # a conflist, a registries.conf or pycri's config: a few Ki
 MAX_DEPTH = 64
 
 
-def load_json(path: Path, max_bytes: int = MAX_BYTES) -> Any:
-    data = boundedjson.read_file(path, max_bytes, follow=True)
+def read_bytes(path: Path | str, max_bytes: int = MAX_BYTES) -> bytes:
+    return boundedjson.read_file(path, max_bytes, follow=True)
+
+
+def read_text(path: Path | str, max_bytes: int = MAX_BYTES) -> str:
+    try:
+        return read_bytes(path, max_bytes).decode()
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+
+
+def load_json(path: Path | str, max_bytes: int = MAX_BYTES) -> Any:
+    data = read_bytes(path, max_bytes)
     try:
         return boundedjson.loads(data, max_bytes, MAX_DEPTH)
     except boundedjson.BoundsError as e:
@@ -31,8 +43,8 @@ def load_json(path: Path, max_bytes: int = MAX_BYTES) -> Any:
         raise ValueError(parsefail.invalid("JSON", e)) from None
 
 
-def load_toml(path: Path, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
-    data = boundedjson.read_file(path, max_bytes, follow=True)
+def load_toml(path: Path | str, max_bytes: int = MAX_BYTES) -> dict[str, Any]:
+    data = read_bytes(path, max_bytes)
     try:
         return tomllib.loads(data.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pycri import parsefail
+from pycri import conffiles, parsefail
 from pycri.cdi import edits as edits_mod
 from pycri.cdi import names
 from pycri.cdi.schema import ContainerEdits, DeviceNode, Spec, SpecError, parse_spec
@@ -97,14 +96,9 @@ class Registry:
         try:
             if sig[2] > self.max_spec_bytes:
                 raise SpecError(f"larger than {self.max_spec_bytes} bytes")
-            # Non-blocking: a FIFO swapped in after the listing must not hang the thread.
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            with open(fd, "rb") as f:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise SpecError("not a regular file")
-                data = f.read(self.max_spec_bytes + 1)
-            if len(data) > self.max_spec_bytes:
-                raise SpecError(f"larger than {self.max_spec_bytes} bytes")
+            # The conffiles door: a FIFO swapped in after the listing cannot hang the
+            # thread, and the bound holds while reading.
+            data = conffiles.read_bytes(path, self.max_spec_bytes)
             doc = decode(path, data)
             if isinstance(doc, dict) and isinstance(doc.get("kind"), str):
                 kind = doc["kind"]

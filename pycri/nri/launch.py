@@ -21,7 +21,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from pycri import procs
+from pycri import conffiles, procs
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +62,16 @@ def parse_name(filename: str) -> tuple[str, str]:
 
 
 def _config(config_dir: Path, idx: str, name: str) -> str:
+    """The plugin's config file, read at the conffiles door (regular file, no blocking
+    open, 1 MiB); ValueError naming the file if it cannot be read as one."""
     for candidate in (config_dir / f"{idx}-{name}.conf", config_dir / f"{name}.conf"):
         try:
-            return candidate.read_text()
+            return conffiles.read_text(candidate)
         except FileNotFoundError:
             continue
+        except (OSError, ValueError) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise ValueError(f"config {candidate}: {reason}") from None
     return ""
 
 
@@ -87,7 +92,7 @@ def discover(plugin_dir: Path, config_dir: Path) -> list[Preinstalled]:
         try:
             idx, name = parse_name(e.name)
             cfg = _config(config_dir, idx, name)
-        except (ValueError, OSError, UnicodeDecodeError) as err:
+        except (ValueError, OSError) as err:
             log.warning("NRI: skipping pre-installed plugin %s: %s", e.path, err)
             continue
         found.append(Preinstalled(idx, name, Path(e.path), cfg))

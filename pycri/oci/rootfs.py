@@ -20,6 +20,7 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
+from pycri.boundedjson import file_kind
 from pycri.errors import InvalidArgument
 
 MAX_SYMLINKS = 40
@@ -52,18 +53,6 @@ class Walk:
     mode: int = 0
     links: list[Link] = field(default_factory=list)
     covered: bool = False
-
-
-def kind(mode: int) -> str:
-    """A file type in words, for error messages."""
-    for test, name in (
-        (stat.S_ISDIR, "directory"), (stat.S_ISREG, "regular file"), (stat.S_ISLNK, "symlink"),
-        (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-        (stat.S_ISFIFO, "FIFO"), (stat.S_ISSOCK, "socket"),
-    ):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def _parts(path: str) -> list[str]:
@@ -171,7 +160,7 @@ def read_regular(path_fd: int, what: str, max_bytes: int) -> bytes:
     """
     st = os.fstat(path_fd)
     if not stat.S_ISREG(st.st_mode):
-        raise InvalidArgument(f"{what} is a {kind(st.st_mode)}, not a regular file")
+        raise InvalidArgument(f"{what} is a {file_kind(st.st_mode)}, not a regular file")
     if st.st_size > max_bytes:
         raise InvalidArgument(f"{what} is larger than {max_bytes} bytes")
     fd = os.open(f"/proc/self/fd/{path_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -206,12 +195,12 @@ def _check_type(dest: str, walk: Walk, needs_dir: bool) -> None:
         return  # missing: the runtime creates it, inside the rootfs
     if needs_dir and not stat.S_ISDIR(mode):
         raise InvalidArgument(
-            f"mount destination {dest} is a {kind(mode)} in the image; "
+            f"mount destination {dest} is a {file_kind(mode)} in the image; "
             "the mount needs a directory there"
         )
     if not needs_dir and not (stat.S_ISREG(mode) or stat.S_ISSOCK(mode)):
         raise InvalidArgument(
-            f"mount destination {dest} is a {kind(mode)} in the image; "
+            f"mount destination {dest} is a {file_kind(mode)} in the image; "
             "the mount needs a regular file there"
         )
 
@@ -265,6 +254,7 @@ def pin_mount_destinations(root: str, doc: dict[str, Any]) -> None:
         if fd is not None:
             os.close(fd)
         if walk.mode and not walk.covered and not stat.S_ISDIR(walk.mode):
-            raise InvalidArgument(f"working directory {cwd} is a {kind(walk.mode)} in the image")
+            raise InvalidArgument(
+                f"working directory {cwd} is a {file_kind(walk.mode)} in the image")
     finally:
         os.close(root_fd)

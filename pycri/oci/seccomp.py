@@ -10,15 +10,13 @@ pycri-only rule keys that let one file serve every capability set:
 from __future__ import annotations
 
 import copy
-import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pycri import conffiles
 from pycri.api import api_pb2 as pb
 from pycri.errors import InvalidArgument
-from pycri.oci import rootfs
 from pycri.resources import data_path
 
 DEFAULT_PROFILE_PATH = data_path("seccomp-default.json")
@@ -49,21 +47,16 @@ def _validate(profile: Any, origin: str) -> dict[str, Any]:
 def read_profile(path: str | Path) -> dict[str, Any]:
     """Load and sanity-check a profile file; any problem is InvalidArgument naming the path.
 
-    Only a regular file is read (a FIFO would block the reader until someone writes),
-    and at most _MAX_PROFILE_BYTES of it. Blocks on the filesystem: call in a thread.
+    Read at the conffiles door: a regular file only, opened without blocking (a FIFO
+    would stall the reader), at most _MAX_PROFILE_BYTES, JSON nested at most 64 deep.
+    Blocks on the filesystem: call in a thread.
     """
     try:
-        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-        try:
-            data = rootfs.read_regular(fd, f"seccomp profile {path}", _MAX_PROFILE_BYTES)
-        finally:
-            os.close(fd)
+        profile = conffiles.load_json(path, _MAX_PROFILE_BYTES)
     except OSError as e:
         raise InvalidArgument(f"seccomp profile {path}: {e.strerror or e}") from None
-    try:
-        profile = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"seccomp profile {path}: invalid JSON: {e}") from None
+    except ValueError as e:
+        raise InvalidArgument(f"seccomp profile {path}: {e}") from None
     return _validate(profile, str(path))
 
 

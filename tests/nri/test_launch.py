@@ -63,6 +63,23 @@ def test_discover_orders_by_index_then_name_and_finds_configs(tmp_path: Path) ->
         launch.parse_name("1-short")
 
 
+def test_a_config_that_is_not_a_file_skips_only_its_plugin(tmp_path: Path) -> None:
+    """Issue 41: plugin configs are read at the conffiles door. A FIFO used to block
+    discovery (and the daemon's start) until someone wrote to it; a link to /dev/zero
+    grew without bound. Each now skips its plugin with a warning naming the file."""
+    plugins, confs = tmp_path / "plugins", tmp_path / "conf.d"
+    plugins.mkdir()
+    confs.mkdir()
+    for name in ("10-fifo", "20-zero", "30-dir", "40-good"):
+        _exe(plugins / name, "#!/bin/sh\n")
+    os.mkfifo(confs / "fifo.conf")
+    (confs / "zero.conf").symlink_to("/dev/zero")
+    (confs / "dir.conf").mkdir()
+    (confs / "good.conf").write_text("ok")
+    found = launch.discover(plugins, confs)
+    assert [(p.name, p.config) for p in found] == [("good", "ok")]
+
+
 async def test_preinstalled_plugin_runs_over_its_inherited_socket(tmp_path: Path) -> None:
     plugins, confs = tmp_path / "plugins", tmp_path / "conf.d"
     plugins.mkdir()

@@ -139,7 +139,7 @@ def test_localhost_profile(tmp_path: Path) -> None:
     ("content", "message"),
     [
         (None, "No such file"),
-        ("{not json", "invalid JSON"),
+        ("{not json", "not valid JSON"),
         ("[1, 2]", "not a JSON object"),
         ('{"syscalls": []}', "defaultAction"),
         ('{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": {}}', "must be a list"),
@@ -193,7 +193,7 @@ def test_localhost_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
             os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
     assert out, "loading a FIFO profile blocked"
     assert isinstance(out[0], InvalidArgument)
-    assert f"seccomp profile {fifo} is a FIFO, not a regular file" in str(out[0])
+    assert f"seccomp profile {fifo}: is a FIFO, not a regular file" in str(out[0])
 
 
 def test_localhost_device_and_oversized_are_refused(tmp_path: Path) -> None:
@@ -206,3 +206,8 @@ def test_localhost_device_and_oversized_are_refused(tmp_path: Path) -> None:
         f.truncate((1 << 20) + 1)
     with pytest.raises(InvalidArgument, match="larger than 1048576 bytes"):
         load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(big)), "")
+    # issue 41: deep nesting was an INTERNAL RecursionError
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(InvalidArgument, match="nests deeper than 64 levels"):
+        load_profile(SP(profile_type=SP.Localhost, localhost_ref=str(deep)), "")
