@@ -6,6 +6,7 @@ gets a status line (or a hang-up) and the listener keeps serving."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pycri.config import ConfigError, MetricsConfig, load, validate
 from pycri.errors import InvalidArgument
 from pycri.image.regconf import RegistriesConf
 from pycri.metrics_listener import MetricsListener
+from pycri.network import conf as cni_conf
 from tests.lib import doors
 from tests.lib.doors import SECRET
 
@@ -113,6 +115,18 @@ def test_generated_config_files(tmp_path_factory: pytest.TempPathFactory, data: 
         assert SECRET not in str(e), str(e)
 
 
+@FUZZ
+@given(data=doors.config_documents())
+def test_mutated_real_configs(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    """Issue 41, item 4: structure-aware, from a real config."""
+    f = tmp_path_factory.mktemp("cfg") / "pycri.toml"
+    f.write_bytes(data)
+    try:
+        validate(load(f), check_binaries=False)
+    except ConfigError as e:
+        assert SECRET not in str(e), str(e)
+
+
 @pytest.mark.parametrize("name", sorted(doors.REGISTRIES))
 def test_registries_conf_corpus(tmp_path: Path, name: str) -> None:
     f = tmp_path / "registries.conf"
@@ -120,6 +134,44 @@ def test_registries_conf_corpus(tmp_path: Path, name: str) -> None:
     with pytest.raises(InvalidArgument) as e:
         RegistriesConf.load(str(f))
     assert SECRET not in str(e.value) and str(f) in str(e.value), str(e.value)
+
+
+@FUZZ
+@given(data=doors.registries_texts())
+def test_mutated_real_registries_confs(tmp_path_factory: pytest.TempPathFactory,
+                                       data: bytes) -> None:
+    """Issue 41, item 4: as the main file, InvalidArgument naming it or a configuration;
+    as a drop-in beside a good main file, skipped or used, never raised."""
+    d = tmp_path_factory.mktemp("reg")
+    main, dropins = d / "registries.conf", d / "registries.conf.d"
+    main.write_bytes(data)
+    try:
+        RegistriesConf.load(str(main))
+    except InvalidArgument as e:
+        assert SECRET not in str(e) and str(main) in str(e), str(e)
+    dropins.mkdir()
+    (dropins / "50-fuzz.conf").write_bytes(data)
+    main.write_text(doors.toml_text(doors.REGISTRIES_DOC))
+    RegistriesConf.load(str(main), str(dropins))
+
+
+# -- CNI conflists ------------------------------------------------------------------------
+
+
+@FUZZ
+@given(data=doors.conflists())
+def test_mutated_real_conflists(tmp_path_factory: pytest.TempPathFactory, data: bytes) -> None:
+    """Issue 41, item 4: a conflist is a network or a ValueError saying why, never
+    another error and never the secret it carries; in a conf dir it is skipped."""
+    d = tmp_path_factory.mktemp("cni")
+    f = d / "10-fuzz.conflist"
+    f.write_bytes(data)
+    try:
+        cni_conf.load_file(f)
+    except ValueError as e:
+        assert SECRET not in str(e), str(e)
+    (d / "20-good.conflist").write_text(json.dumps(doors.CONFLIST))
+    assert cni_conf.find_network(d) is not None
 
 
 # -- the /metrics listener ----------------------------------------------------------------

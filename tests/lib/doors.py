@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
@@ -205,6 +206,78 @@ def spec_documents() -> st.SearchStrategy[Any]:
         "mounts": [{"hostPath": "/x", "containerPath": "/y"}],
         "hooks": [{"hookName": "prestart", "path": "/bin/true"}]}}]),
         st.sampled_from(_SPEC_KEYS))
+
+
+def toml_text(doc: dict[str, Any]) -> str:
+    """`doc` as TOML, one line a top-level key, nested values inline (TOML has no null:
+    a None is left out). For structure-aware mutation of TOML files."""
+    def key(k: str) -> str:
+        return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, float):
+            return "nan" if v != v else "inf" if v == float("inf") else (
+                "-inf" if v == float("-inf") else repr(v))
+        if isinstance(v, (int, str)):
+            return json.dumps(v) if isinstance(v, str) else str(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v if x is not None) + "]"
+        return "{" + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()
+                               if x is not None) + "}"
+
+    return "".join(f"{key(k)} = {value(v)}\n" for k, v in doc.items() if v is not None)
+
+
+# Real files, as seeds: a conflist as pycri installs it, a registries.conf with a mirror
+# and credentials-free search registries, a pycri config with every table used.
+CONFLIST = json.loads((Path(__file__).resolve().parents[2] / "pycri/data/pycri-default.conflist")
+                      .read_text().replace("@BRIDGE@", "cni0").replace("@SUBNET@", "10.88.0.0/16")
+                      .replace("@DEFAULT_ROUTE@", "0.0.0.0/0"))
+REGISTRIES_DOC: dict[str, Any] = {
+    "unqualified-search-registries": ["127.0.0.1:5000"],
+    "registry": [{"prefix": "docker.io", "location": "127.0.0.1:5000", "insecure": True,
+                  "blocked": False, "mirror": [{"location": "127.0.0.1:5001",
+                                                "insecure": True}]}],
+}
+CONFIG_DOC: dict[str, Any] = {
+    "log_level": "info", "cgroup_driver": "cgroupfs", "default_runtime": "runc",
+    "runtimes": {"runc": {"path": "/usr/sbin/runc", "timeout": 60.0}},
+    "cni": {"plugin_timeout": 30.0, "conf_dir": "/etc/cni/net.d"},
+    "images": {"max_concurrent_pulls": 32},
+    "streaming": {"max_buffer_total": 134217728},
+    "metrics": {"max_connections": 64},
+}
+_CNI_KEYS = ("cniVersion", "name", "plugins", "type", "bridge", "ipam", "ranges", "subnet",
+             "capabilities", "portMappings", "disableCheck", SECRET)
+_REG_KEYS = ("unqualified-search-registries", "registry", "prefix", "location", "mirror",
+             "insecure", "blocked", "short-name-mode", "aliases", SECRET)
+# A key pycri's config does not know is named in its error (that is the error), so the
+# secret goes into values only.
+_CONFIG_KEYS = ("log_level", "root", "state", "runtimes", "cni", "images", "streaming",
+                "metrics", "nri", "cdi", "checkpoint", "bogus", "path", "timeout")
+_CONFIG_VALUES = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(_CONFIG_KEYS), inner,
+                                                 max_size=4)), max_leaves=30)
+
+
+def conflists() -> st.SearchStrategy[bytes]:
+    """The installed conflist, mutated in one to three places."""
+    return mutated(CONFLIST, st.sampled_from(_CNI_KEYS)).map(
+        lambda d: json.dumps(d, allow_nan=True).encode())
+
+
+def registries_texts() -> st.SearchStrategy[bytes]:
+    """A real registries.conf, mutated in one to three places, as TOML."""
+    return mutated(REGISTRIES_DOC, st.sampled_from(_REG_KEYS)).map(
+        lambda d: toml_text(d).encode() if isinstance(d, dict) else b"")
+
+
+def config_documents() -> st.SearchStrategy[bytes]:
+    """A real pycri config, mutated in one to three places, as TOML."""
+    return mutated(CONFIG_DOC, st.sampled_from(_CONFIG_KEYS), _CONFIG_VALUES).map(
+        lambda d: toml_text(d).encode() if isinstance(d, dict) else b"")
 
 
 def config_texts() -> st.SearchStrategy[bytes]:
