@@ -12,10 +12,12 @@ from typing import Any
 
 from google.protobuf import json_format
 
+from pycri import beneath
 from pycri.api import api_pb2 as pb
 from pycri.cdi import registry as cdi
 from pycri.config import Config
 from pycri.criu.support import CheckpointSupport
+from pycri.errors import InvalidArgument
 from pycri.events import Event, EventBus
 from pycri.image.manager import ImageManager
 from pycri.launcher import Launcher
@@ -27,6 +29,7 @@ from pycri.store.container import KIND, Container
 from pycri.store.records import Records
 
 RUNNING_STATES = (pb.CONTAINER_CREATED, pb.CONTAINER_RUNNING)
+LOG_MODE = 0o640  # the kubelet (root) reads it; no one else writes it
 
 
 class ContainerBase:
@@ -90,16 +93,50 @@ class ContainerBase:
     def _unstage(self, c: Container) -> None:
         mounts.unstage_all(self.rro_dir(c.id))
 
-    def _monitor_log(self, c: Container) -> Path:
-        """Where conmon writes the container's output (made if need be)."""
-        log_path = Path(c.log_path) if c.log_path else self.log_root / f"{c.id}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        return log_path
+    def _monitor_log(self, c: Container) -> tuple[Path, bool]:
+        """Where conmon writes the container's output, and whether it was made here. In
+        the pod's log directory (the kubelet's) it is made here first, beneath that
+        directory with no link followed, with its final mode: a link planted there is
+        refused before conmon, which opens the path as it is, writes anything (issue
+        41). Blocking: call in a thread."""
+        if not c.log_path:
+            log_path = self.log_root / f"{c.id}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            return log_path, False
+        base, rel = _log_parts(c)
+        try:
+            base.mkdir(parents=True, exist_ok=True)  # the kubelet's path: it named it
+            made = beneath.ensure_file(base, rel, LOG_MODE, make_dirs=0o755)
+        except OSError as e:
+            raise InvalidArgument(f"log file {c.log_path}: {e.filename or rel} "
+                                  f"{e.strerror or e}; nothing was written") from None
+        return Path(c.log_path), made
+
+    def _remove_log(self, c: Container) -> None:
+        """Undo `_monitor_log`'s file, reached the same way."""
+        beneath.remove(*_log_parts(c))
+
+    def _check_log_for_reopen(self, c: Container) -> None:
+        """Before conmon reopens the log: no link on the way to it, and none at the
+        temporary name conmon writes first and renames over it (it follows both)."""
+        base, rel = _log_parts(c)
+        try:
+            beneath.refuse_link(base, rel + ".tmp")
+        except OSError as e:
+            raise InvalidArgument(f"log file {c.log_path}: {e.filename or rel} "
+                                  f"{e.strerror or e}; not reopened") from None
 
     @property
     def exec_root(self) -> Path:
         """ExecSync work dirs: root-only, and swept at start (a crash leaves them)."""
         return Path(self.cfg.state) / "exec"
+
+
+def _log_parts(c: Container) -> tuple[Path, str]:
+    """(the pod's log directory, the container's log_path within it): the gate keeps
+    log_path relative and normalised, so the directory is what precedes it."""
+    rel = Path(c.config.log_path)
+    return Path(c.log_path).parents[len(rel.parts) - 1], str(rel)
 
 
 def _to_json(msg: Any) -> str:

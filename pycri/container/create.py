@@ -212,11 +212,14 @@ class ContainerCreate(ContainerSpec):
                 c.restore_images = str(images)
             return doc  # the staged mounts stay until the restore binds them
         async with step("creating the container"):
+            log_path, made = await asyncio.to_thread(self._monitor_log, c)
+            if made:
+                undo.push_async_callback(asyncio.to_thread, self._remove_log, c)
             created = await self.launcher.create(
                 c.id,
                 doc,
                 c.handler,
-                self._monitor_log(c),
+                log_path,
                 record=_beside(c),
                 tty=config.tty,
                 stdin=config.stdin,

@@ -74,8 +74,9 @@ class ContainerLifecycle(ContainerBase):
         """Start by restoring the checkpointed processes (the container was created from an
         archive): they run on from where they were, watched by conmon like any other."""
         images = Path(c.restore_images)
+        log_path, _ = await asyncio.to_thread(self._monitor_log, c)
         created = await self.launcher.restore(
-            c.id, c.handler, self._monitor_log(c), images, self.cfg.checkpoint.criu,
+            c.id, c.handler, log_path, images, self.cfg.checkpoint.criu,
             tty=c.config.tty, stdin=c.config.stdin, stdin_once=c.config.stdin_once)
         c.pid, c.conmon_pid, c.pid_start = created.pid, created.conmon_pid, created.start_time
         c.restore_images = ""

@@ -4,6 +4,7 @@ updates, log reopening, ExecSync.
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 from collections.abc import Callable
@@ -77,6 +78,7 @@ class ContainerQueries(ContainerBase):
             raise FailedPrecondition(f"container {c.id} is not running")
         if not c.log_path:
             return
+        await asyncio.to_thread(self._check_log_for_reopen, c)
         await self.launcher.reopen_log(c.id, Path(c.log_path))
 
     async def exec_sync(self, cid: str, argv: builtins.list[str], timeout: int) -> ExecResult:

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -297,6 +298,51 @@ def test_reopen_log(node: Node, pod: tuple[str, pb.PodSandboxConfig]) -> None:
     with pytest.raises(grpc.RpcError) as e:
         node.cri.runtime.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_links_planted_in_the_pod_log_directory_are_refused(
+    node: Node, pod: tuple[str, pb.PodSandboxConfig], tmp_path: Path
+) -> None:
+    """Issue 41: a container's log file that was already a link to a root-owned file
+    outside the log dir got the container's output, and a linked directory under the log
+    dir had the log made through it. Now CreateContainer is InvalidArgument, nothing is
+    created, nothing outside is written; so is ReopenContainerLog where a link stands at
+    the name conmon writes the fresh log to (it would truncate the link's target)."""
+    sid, cfg = pod
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = outside / "shadow"
+    secret.write_bytes(b"root:x\n")
+    logs = Path(cfg.log_directory)
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "planted.log").symlink_to(secret)
+    (logs / "linked").symlink_to(outside)
+    for name, log_path in (("planted", "planted.log"), ("linked", "linked/0.log")):
+        config = node.container_config(name, ["echo", "into the log"])
+        config.log_path = log_path
+        with pytest.raises(grpc.RpcError) as e:
+            node.cri.runtime.CreateContainer(pb.CreateContainerRequest(
+                pod_sandbox_id=sid, config=config, sandbox_config=cfg))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+        assert "is a symbolic link; nothing was written" in str(e.value.details())
+    assert node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers == []
+    assert sorted(os.listdir(outside)) == ["shadow"] and secret.read_bytes() == b"root:x\n"
+
+    cid = node.run(sid, cfg, "ticker", ["sh", "-c", "while true; do echo tick; sleep 0.1; done"])
+    log = Path(node.status(cid).log_path)
+    assert stat.S_IMODE(log.stat().st_mode) == 0o640
+    log.rename(log.with_suffix(".1"))
+    Path(f"{log}.tmp").symlink_to(secret)
+    with pytest.raises(grpc.RpcError) as e:
+        node.cri.runtime.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value.details()
+    assert secret.read_bytes() == b"root:x\n"
+    Path(f"{log}.tmp").unlink()
+    node.cri.runtime.ReopenContainerLog(pb.ReopenContainerLogRequest(container_id=cid))
+    deadline = time.monotonic() + 10
+    while "stdout F tick" not in log.read_text():
+        assert time.monotonic() < deadline, "no output in the reopened log"
+        time.sleep(0.1)
 
 
 def test_restart_keeps_status_and_sees_missed_exits(
