@@ -97,6 +97,33 @@ def test_wrong_diff_id_and_garbage(tmp_path: Path) -> None:
     assert not (tmp_path / "layer").exists() and list((tmp_path / "tmp").iterdir()) == []
 
 
+def _damaged(gz: bytes, how: str) -> bytes:
+    if how == "flipped":  # inside the deflate stream: the inflater's own error
+        return gz[:12] + bytes([gz[12] ^ 0xFF]) + gz[13:]
+    if how == "truncated":
+        return gz[:len(gz) // 2]
+    if how == "crc":
+        return gz[:-8] + b"\x00" * 8
+    return gz + b"\x00" * 512  # "padded": zeros after the stream are fine, as in gzip(1)
+
+
+@pytest.mark.parametrize("how", ["flipped", "truncated", "crc", "padded"])
+def test_a_damaged_gzip_stream_is_invalid_and_leaves_nothing(tmp_path: Path, how: str) -> None:
+    """The gzip layers are inflated by zlib-ng (issue 40): each of its failures is the
+    layer's InvalidArgument, as the stdlib's were."""
+    raw = images.tar_bytes([file(f"f{i}", os.urandom(512).hex()) for i in range(20)])
+    blob = tmp_path / "blob"
+    blob.write_bytes(_damaged(images.compress(raw, "gzip"), how))
+    (tmp_path / "tmp").mkdir()
+    if how == "padded":
+        unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", None)
+        assert (tmp_path / "layer" / "f19").is_file()
+        return
+    with pytest.raises(errors.InvalidArgument, match="corrupt archive"):
+        unpack_layer(blob, tmp_path / "layer", tmp_path / "tmp", None)
+    assert not (tmp_path / "layer").exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
 @pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.GNUTYPE_LONGNAME])
 def test_oversized_extended_header_refused_before_it_is_read(tmp_path: Path, kind: bytes) -> None:
     # A header claiming 64 MiB of pax/long-name data: tarfile would read it all into memory.
