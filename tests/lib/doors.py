@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import tomli_w
 from hypothesis import strategies as st
 
 SECRET = "s3cr3t-9f8e7d"
@@ -209,25 +210,16 @@ def spec_documents() -> st.SearchStrategy[Any]:
 
 
 def toml_text(doc: dict[str, Any]) -> str:
-    """`doc` as TOML, one line a top-level key, nested values inline (TOML has no null:
-    a None is left out). For structure-aware mutation of TOML files."""
-    def key(k: str) -> str:
-        return k if k and all(c.isalnum() or c in "-_" for c in k) else json.dumps(k)
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, float):
-            return "nan" if v != v else "inf" if v == float("inf") else (
-                "-inf" if v == float("-inf") else repr(v))
-        if isinstance(v, (int, str)):
-            return json.dumps(v) if isinstance(v, str) else str(v)
+    """`doc` as TOML (which has no null: a None is left out), for structure-aware
+    mutation of TOML files."""
+    def kept(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: kept(x) for k, x in v.items() if x is not None}
         if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v if x is not None) + "]"
-        return "{" + ", ".join(f"{key(k)} = {value(x)}" for k, x in v.items()
-                               if x is not None) + "}"
+            return [kept(x) for x in v if x is not None]
+        return v
 
-    return "".join(f"{key(k)} = {value(v)}\n" for k, v in doc.items() if v is not None)
+    return tomli_w.dumps(kept(doc))
 
 
 # Real files, as seeds: a conflist as pycri installs it, a registries.conf with a mirror
