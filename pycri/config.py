@@ -92,6 +92,11 @@ class ImagesConfig:
     max_layer_expansion_ratio: float = number(100.0, 1, 1_000_000)
     min_layer_unpacked_bytes: int = number(64 * MiB, 0, TiB)
     free_space_reserve: int = number(256 * MiB, 0, TiB)
+    # A layer's compressed blob once the layer is unpacked and its diff ID checked: kept,
+    # an image costs its compressed size on top of its unpacked one; dropped (the
+    # default, as CRI-O does), a pull of another image with that layer on another base
+    # fetches it again.
+    keep_layer_blobs: bool = False
 
 
 @dataclass

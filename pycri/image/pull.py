@@ -132,7 +132,10 @@ class ImagePull(ImageBase):
             blobs = [top, cdigest, *(d.digest for d in man.layers)]
             if mdigest != top:
                 blobs.insert(1, mdigest)
-            iid = self._commit(r, top, cdigest, config, blobs, chains, man.annotations)
+            layer_blobs = set() if self._cfg.keep_layer_blobs else {
+                d.digest for d in man.layers}
+            iid = self._commit(r, top, cdigest, config, blobs, chains, man.annotations,
+                               layer_blobs)
         except BaseExceptionGroup as eg:  # a layer task failed: report its error, not the group
             raise _first_error(eg) from None
         finally:
@@ -275,8 +278,11 @@ class ImagePull(ImageBase):
 
     def _commit(self, r: reference.Reference, top: str, config_digest: str,
                 config: dict[str, Any], blobs: builtins.list[str],
-                chains: builtins.list[str], annotations: dict[str, str]) -> str:
-        """Record the image and move its tag here from whichever image had it."""
+                chains: builtins.list[str], annotations: dict[str, str],
+                dropped: set[str]) -> str:
+        """Record the image and move its tag here from whichever image had it. Blobs in
+        `dropped` (layers now unpacked, with `keep_layer_blobs` off) are not held by it:
+        the sweep after the pull removes them unless another image or pull holds them."""
         iid = config_digest
         tag = f"{r.repository}:{r.tag}" if r.digest is None else None
         dig = f"{r.repository}@{top}"
@@ -284,7 +290,8 @@ class ImagePull(ImageBase):
         # Rebuilt from what this pull verified; only names and blobs carry over.
         rec: Record = {"id": iid, "repo_tags": _strings(old, "repo_tags"),
                "repo_digests": _strings(old, "repo_digests"),
-               "blobs": sorted(set(_strings(old, "blobs")) | set(blobs)), "chain_ids": chains,
+               "blobs": sorted((set(_strings(old, "blobs")) | set(blobs)) - dropped),
+               "chain_ids": chains,
                "config": config, "size": self._unpacked_size(chains), "annotations": annotations}
         if tag and tag not in rec["repo_tags"]:
             rec["repo_tags"] = [*rec["repo_tags"], tag]

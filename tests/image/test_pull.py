@@ -253,6 +253,39 @@ async def test_concurrent_pulls_share_one_download(make_manager: Maker,
         reg.stop()
 
 
+async def test_layer_blobs_go_once_unpacked_unless_kept(make_manager: Maker,
+                                                       tmp_path: Path) -> None:
+    """Issue 40, item 2: an image costs its unpacked size. Its layer blobs go once the
+    layers are unpacked and checked, unless `keep_layer_blobs`; sizes stay truthful;
+    the same layer on another base (another snapshot) is fetched again and goes again."""
+    reg = Registry(tmp_path / "reg").start()
+    try:
+        spec = images.busybox_spec()
+        ref = images.push_busybox(reg.addr, tmp_path / "layout")
+        layer_blobs = {images.sha(images.compress(images.tar_bytes(e), "gzip"))
+                       for e in spec.layers}
+        m = make_manager()
+        iid = await m.pull(ref)
+        kept = set(m.content.digests())
+        assert len(kept) == 2 and not kept & layer_blobs  # the manifest and the config
+        img = m.status(iid)
+        assert img is not None and img.size > 1_000_000
+        assert m.fs_info().used_bytes >= img.size
+        assert await m.pull(ref) == iid  # the layers are there: no blob is fetched again
+        assert all(reg.blob_gets(d) == 1 for d in layer_blobs)
+        first = images.sha(images.compress(images.tar_bytes(spec.layers[0]), "gzip"))
+        other = images.push_image(reg.addr, tmp_path / "layout2", "other", "v1", [
+            images.ImageSpec(layers=[[images.file("extra", "x")], spec.layers[0]])])
+        await asyncio.gather(m.pull(other), m.pull(ref))
+        assert reg.blob_gets(first) == 2
+        assert not set(m.content.digests()) & layer_blobs
+        keeping = make_manager(root=tmp_path / "keeping", keep_layer_blobs=True)
+        await keeping.pull(ref)
+        assert layer_blobs <= set(keeping.content.digests())
+    finally:
+        reg.stop()
+
+
 async def test_hostile_image_refused_and_leaves_nothing(make_manager: Maker, registry: Registry,
                                                         tmp_path: Path) -> None:
     evil = [images.file("ok", "fine"), images.symlink("esc", "/tmp"),
