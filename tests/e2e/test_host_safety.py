@@ -193,5 +193,5 @@ def test_fifo_seccomp_profile_is_refused_and_daemon_stays_responsive(node: Node,
         t.join(60)
     assert outcome and isinstance(outcome[0], grpc.RpcError), outcome
     assert outcome[0].code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert f"seccomp profile {fifo} is a FIFO, not a regular file" in (outcome[0].details() or "")
+    assert f"seccomp profile {fifo}: is a FIFO, not a regular file" in (outcome[0].details() or "")
     assert not node.cri.runtime.ListContainers(pb.ListContainersRequest()).containers
