@@ -22,6 +22,12 @@ MAX_BYTES = 1 << 20  # a conflist, a registries.conf or pycri's config: a few Ki
 MAX_DEPTH = 64
 
 
+def reason(e: Exception) -> str:
+    """What this door's failure says: the system's words for an OSError (never the path
+    twice), the decoder's for a ValueError."""
+    return e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+
+
 def read_bytes(path: Path | str, max_bytes: int = MAX_BYTES) -> bytes:
     return boundedjson.read_file(path, max_bytes, follow=True)
 

@@ -108,8 +108,7 @@ class ContainerBase:
             base.mkdir(parents=True, exist_ok=True)  # the kubelet's path: it named it
             made = beneath.ensure_file(base, rel, LOG_MODE, make_dirs=0o755)
         except OSError as e:
-            raise InvalidArgument(f"log file {c.log_path}: {e.filename or rel} "
-                                  f"{e.strerror or e}; nothing was written") from None
+            raise _refused(c, rel, e, "nothing was written") from None
         return Path(c.log_path), made
 
     def _remove_log(self, c: Container) -> None:
@@ -123,8 +122,7 @@ class ContainerBase:
         try:
             beneath.refuse_link(base, rel + ".tmp")
         except OSError as e:
-            raise InvalidArgument(f"log file {c.log_path}: {e.filename or rel} "
-                                  f"{e.strerror or e}; not reopened") from None
+            raise _refused(c, rel, e, "not reopened") from None
 
     @property
     def exec_root(self) -> Path:
@@ -137,6 +135,12 @@ def _log_parts(c: Container) -> tuple[Path, str]:
     log_path relative and normalised, so the directory is what precedes it."""
     rel = Path(c.config.log_path)
     return Path(c.log_path).parents[len(rel.parts) - 1], str(rel)
+
+
+def _refused(c: Container, rel: str, e: OSError, outcome: str) -> InvalidArgument:
+    """A log file beneath.py would not make or reach: the component and why."""
+    return InvalidArgument(f"log file {c.log_path}: {e.filename or rel} {e.strerror or e}; "
+                           f"{outcome}")
 
 
 def _to_json(msg: Any) -> str:

@@ -258,10 +258,8 @@ class _Walk:
                     if isinstance(acc, tuple):
                         w = ins.get(acc[0])
                         if w is not None and w.fixed is not None:  # decided: no copy
-                            v, k = w.fixed & acc[1], i.k
-                            holds = (v == k if i.code == JEQ_K else v > k if i.code == JGT_K
-                                     else v >= k if i.code == JGE_K else bool(v & k))
-                            pc += 1 + (i.jt if holds else i.jf)
+                            jumps = _jumps(i, w.fixed & acc[1])
+                            pc += 1 + (i.jt if jumps else i.jf)
                             continue
                     taken, other = _branch(i, acc)
                     nexts = []
@@ -290,22 +288,28 @@ class _Walk:
 
 def _branch(i: Insn, acc: int | tuple[int, int]) -> tuple[Cond | bool, Cond | bool]:
     """The conditions under which a conditional jump is taken and not taken."""
-    mask = acc[1] if isinstance(acc, tuple) else WORD
+    if isinstance(acc, int):  # a constant: decided now
+        jumps = _jumps(i, acc)
+        return jumps, not jumps
+    mask = acc[1]
     if i.code == JSET_K:
         c = Cond(mask & i.k, NE, 0)
     else:
         c = Cond(mask, {JEQ_K: EQ, JGT_K: GT, JGE_K: GE}[i.code], i.k)
-    if isinstance(acc, int):  # a constant: decided now
-        holds = _holds(c, acc)
-        return holds, not holds
     return c, Cond(c.mask, _NEGATE[c.op], c.k)
+
+
+def _jumps(i: Insn, value: int) -> bool:
+    """Whether conditional jump `i` is taken for an accumulator of `value`."""
+    k = i.k
+    return (value == k if i.code == JEQ_K else value > k if i.code == JGT_K
+            else value >= k if i.code == JGE_K else bool(value & k))
 
 
 def _holds(c: Cond, value: int) -> bool:
     v = value & c.mask
     return {EQ: v == c.k, NE: v != c.k, GT: v > c.k, LE: v <= c.k, GE: v >= c.k,
             LT: v < c.k}[c.op]
-
 
 
 @dataclass(frozen=True)

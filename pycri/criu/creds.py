@@ -244,7 +244,8 @@ def filter_chain(filters: list[Filter], index: int) -> list[Filter]:
     return out
 
 
-_ARCHES = {0xC000003E: "x86_64", 0x40000003: "x86", 0xC00000B7: "aarch64", 0x40000028: "arm"}
+_ARCHES = {libseccomp.X86_64: "x86_64", 0x40000003: "x86", 0xC00000B7: "aarch64",
+           0x40000028: "arm"}
 
 
 class _Seccomp:

@@ -158,7 +158,7 @@ class RegistriesConf:
             except FileNotFoundError:
                 continue
             except (OSError, ValueError, errors.InvalidArgument) as e:
-                why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+                why = conffiles.reason(e)
                 message = why if why.startswith(str(f)) else f"registries config {f}: {why}"
                 if n == 0 and path:  # the operator's main file: every pull says so
                     raise errors.InvalidArgument(message) from None

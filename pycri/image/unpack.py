@@ -88,7 +88,7 @@ def _decompressing(raw: IO[bytes]) -> IO[bytes]:
     if head[:2] == b"\x1f\x8b":
         # zlib-ng inflates at about twice the stdlib's speed (docs/benchmarks.md, issue
         # 40); same file format, same errors (gzip.BadGzipFile, EOFError).
-        from zlib_ng import gzip_ng  # unpack_layer's import: already loaded
+        from zlib_ng import gzip_ng  # loaded on the first gzip layer
 
         return gzip_ng.GzipNGFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
     if head == b"\x28\xb5\x2f\xfd":

@@ -70,8 +70,7 @@ def _config(config_dir: Path, idx: str, name: str) -> str:
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
-            raise ValueError(f"config {candidate}: {reason}") from None
+            raise ValueError(f"config {candidate}: {conffiles.reason(e)}") from None
     return ""
 
 

@@ -53,10 +53,8 @@ def read_profile(path: str | Path) -> dict[str, Any]:
     """
     try:
         profile = conffiles.load_json(path, _MAX_PROFILE_BYTES)
-    except OSError as e:
-        raise InvalidArgument(f"seccomp profile {path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise InvalidArgument(f"seccomp profile {path}: {e}") from None
+    except (OSError, ValueError) as e:
+        raise InvalidArgument(f"seccomp profile {path}: {conffiles.reason(e)}") from None
     return _validate(profile, str(path))
 
 
