@@ -39,13 +39,16 @@ def _disk(what: str) -> Iterator[None]:
 
 
 class BlobWriter:
-    """A temp file that hashes what is written and commits only if it verifies."""
+    """A temp file that hashes what is written and commits only if it verifies; with no
+    `path`, only the hash and the count (a layer streamed to its unpack, not kept)."""
 
-    def __init__(self, path: Path, final: Path, digest: str, size: int | None) -> None:
+    def __init__(self, path: Path | None, final: Path, digest: str, size: int | None) -> None:
         self.path, self._final, self.digest, self.size = path, final, digest, size
         self._hash = hashlib.sha256()
-        with _disk(f"blob {digest}"):
-            self._f = open(path, "xb")  # noqa: SIM115 - closed in commit/abort
+        self._f = None
+        if path is not None:
+            with _disk(f"blob {digest}"):
+                self._f = open(path, "xb")  # noqa: SIM115 - closed in commit/abort
         self.written = 0
 
     def write(self, data: bytes) -> None:
@@ -53,12 +56,15 @@ class BlobWriter:
         if self.size is not None and self.written > self.size:
             raise DigestMismatch(f"blob {self.digest}: more than the expected {self.size} bytes")
         self._hash.update(data)
-        with _disk(f"blob {self.digest}"):
-            self._f.write(data)
+        if self._f is not None:
+            with _disk(f"blob {self.digest}"):
+                self._f.write(data)
 
     def commit(self) -> Path:
-        with _disk(f"blob {self.digest}"):
-            self._f.close()
+        """Check the size and digest; a blob with a file is then in the store."""
+        if self._f is not None:
+            with _disk(f"blob {self.digest}"):
+                self._f.close()
         if self.size is not None and self.written != self.size:
             raise DigestMismatch(
                 f"blob {self.digest}: got {self.written} bytes, expected {self.size}"
@@ -66,10 +72,13 @@ class BlobWriter:
         got = "sha256:" + self._hash.hexdigest()
         if got != self.digest:
             raise DigestMismatch(f"blob {self.digest}: content hashes to {got}")
-        os.replace(self.path, self._final)
+        if self.path is not None:
+            os.replace(self.path, self._final)
         return self._final
 
     def abort(self) -> None:
+        if self._f is None or self.path is None:
+            return
         with contextlib.suppress(OSError):  # a full disk fails the flush; the file goes anyway
             self._f.close()
         with contextlib.suppress(FileNotFoundError):
@@ -104,9 +113,10 @@ class ContentStore:
         except FileNotFoundError:
             raise errors.NotFound(f"blob {digest} is not in the content store") from None
 
-    def writer(self, digest: str, size: int | None) -> BlobWriter:
+    def writer(self, digest: str, size: int | None, keep: bool = True) -> BlobWriter:
+        """A writer of `digest`'s blob; with `keep` off it only verifies what it is given."""
         final = self.path(digest)
-        return BlobWriter(self.ingest / uuid.uuid4().hex, final, digest, size)
+        return BlobWriter(self.ingest / uuid.uuid4().hex if keep else None, final, digest, size)
 
     def put(self, digest: str, data: bytes) -> None:
         """Store small verified content (manifests, configs) in one go."""

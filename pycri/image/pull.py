@@ -20,6 +20,7 @@ from pycri import errors, malloc, metrics
 from pycri.image import reference, schema
 from pycri.image.auth import Auth
 from pycri.image.base import IMAGE, LAYER, ImageBase, _strings
+from pycri.image.pipe import Aborted, Pipe, own_thread
 from pycri.image.regconf import Endpoint, RegistriesConf
 from pycri.image.unpack import Bound, unpack_layer
 from pycri.store.db import Record
@@ -30,6 +31,9 @@ log = logging.getLogger("pycri.image")
 _ARCH = {"x86_64": "amd64", "aarch64": "arm64", "armv7l": "arm", "armv6l": "arm",
          "i686": "386", "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64"}
 T = TypeVar("T")
+# A layer's bytes between its download and its unpack: enough to ride out a burst
+# of small files on the disk side without stalling the connection for long.
+PIPE_BYTES = 8 << 20
 
 
 def host_platform() -> tuple[str, str, str]:
@@ -61,6 +65,15 @@ def _first_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
         else:
             leaves.append(e)
     return next((e for e in leaves if isinstance(e, errors.PycriError)), leaves[0])
+
+
+class _ImageFault(Exception):
+    """An unpack's error on a layer whose digest matched: the image's fault, whichever
+    endpoint served it."""
+
+    def __init__(self, error: errors.PycriError) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class ImagePull(ImageBase):
@@ -242,10 +255,86 @@ class ImagePull(ImageBase):
 
     async def _ensure_layer(self, eps: builtins.list[Endpoint], auth: Auth | None,
                             layer: schema.Descriptor, diff_id: str, chain: str) -> None:
-        if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
+        if self._unpacked(chain):
             return
-        await self._ensure_blob(eps, auth, layer.digest, layer.size)
-        await self._shared("unpack:" + chain, lambda: self._unpack(layer, diff_id, chain))
+        if self.content.has(layer.digest):  # kept from an earlier pull
+            await self._shared("unpack:" + chain, lambda: self._unpack(layer, diff_id, chain))
+        else:
+            await self._shared("unpack:" + chain,
+                               lambda: self._fetch_layer(eps, auth, layer, diff_id, chain))
+
+    def _unpacked(self, chain: str) -> bool:
+        return bool(self._store.get(LAYER, chain)) and (self._layers / chain).is_dir()
+
+    async def _fetch_layer(self, eps: builtins.list[Endpoint], auth: Auth | None,
+                           layer: schema.Descriptor, diff_id: str, chain: str) -> None:
+        """Download a layer and unpack it as its bytes arrive, from the first endpoint
+        that serves its digest; the compressed blob is written only if it is kept."""
+        if self._unpacked(chain):
+            return
+        keep = self._cfg.keep_layer_blobs
+        if keep and layer.size > await asyncio.to_thread(self._free_space):
+            raise errors.ResourceExhausted(
+                f"blob {layer.digest} of {layer.size} bytes does not fit in the free space of "
+                f"{self.root} (less images.free_space_reserve)")
+        last: errors.PycriError | None = None
+        async with self._sem:
+            for ep in eps:
+                try:
+                    await self._stream_layer(ep, auth, layer, diff_id, chain, keep)
+                    return
+                except _ImageFault as f:
+                    raise f.error from None  # another endpoint's same bytes would fail alike
+                except errors.ResourceExhausted:
+                    raise  # our disk, not the registry: another endpoint would not help
+                except errors.PycriError as e:
+                    last = e
+                    log.info("layer %s from %s failed: %s", layer.digest, ep.api_host, e)
+        assert last is not None
+        raise last
+
+    async def _stream_layer(self, ep: Endpoint, auth: Auth | None, layer: schema.Descriptor,
+                            diff_id: str, chain: str, keep: bool) -> None:
+        """One try at `ep`. The unpack reads the download through a Pipe; the layer
+        appears only after the blob's digest has matched, since the pipe ends (b"")
+        only then. An unpack that fails early leaves the download to finish into the
+        hash: a blob with the right digest makes its error the image's, a wrong one
+        makes it this endpoint's, and the next endpoint is tried."""
+        pipe = Pipe(PIPE_BYTES)
+        w = self.content.writer(layer.digest, layer.size, keep=keep)
+        dest = self._layers / chain
+
+        def unpack() -> tuple[int, int]:
+            try:
+                return unpack_layer(pipe, dest, self._tmp, diff_id,
+                                    self._expansion_bound(layer.size), name=layer.digest[7:])
+            finally:
+                pipe.close()
+
+        async def feed(chunk: bytes) -> None:
+            if not pipe.closed:
+                await pipe.put(chunk)
+
+        unpacking = asyncio.ensure_future(own_thread(unpack, f"unpack {layer.digest[7:19]}"))
+        try:
+            try:
+                await self.client.blob(ep, auth, w, feed)
+                await in_thread(w.commit)
+            except BaseException:
+                pipe.fail(Aborted())
+                raise
+            pipe.finish()
+            try:
+                used, inodes = await unpacking
+            except errors.PycriError as e:  # the blob is the one named: the image is wrong
+                raise _ImageFault(e) from None
+        finally:
+            if not unpacking.done():
+                await asyncio.wait([unpacking])
+            if not unpacking.cancelled():
+                unpacking.exception()  # raised above, or the download's error is the one
+            w.abort()
+        self._record_layer(chain, diff_id, used, inodes)
 
     def _free_space(self) -> int:
         """Bytes pycri may still fill on the image filesystem (a reserve stays for others)."""
@@ -265,7 +354,8 @@ class ImagePull(ImageBase):
                      "see images.max_layer_expansion_ratio")
 
     async def _unpack(self, layer: schema.Descriptor, diff_id: str, chain: str) -> None:
-        if self._store.get(LAYER, chain) and (self._layers / chain).is_dir():
+        """Unpack a layer whose blob is in the content store."""
+        if self._unpacked(chain):
             return
         blob, dest = self.content.path(layer.digest), self._layers / chain
         # Cancelled (no pull waits any more), the thread still ends before the task does,
@@ -273,6 +363,9 @@ class ImagePull(ImageBase):
         used, inodes = await in_thread(
             lambda: unpack_layer(blob, dest, self._tmp, diff_id, self._expansion_bound(layer.size))
         )
+        self._record_layer(chain, diff_id, used, inodes)
+
+    def _record_layer(self, chain: str, diff_id: str, used: int, inodes: int) -> None:
         self.snapshots.link_layer(chain)
         self._store.put(LAYER, chain, {"diff_id": diff_id, "bytes": used, "inodes": inodes})
 

@@ -20,7 +20,7 @@ import contextlib
 import hashlib
 import logging
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -68,6 +68,12 @@ class _Watchdog:
     def progress(self) -> None:
         if not self._whole:
             self._cm.reschedule(asyncio.get_running_loop().time() + self.seconds)
+
+    def pause(self) -> None:
+        """No deadline until the next `progress`: the wait is ours (an unpack behind on
+        the disk), not the registry's."""
+        if not self._whole:
+            self._cm.reschedule(None)
 
 
 @asynccontextmanager
@@ -247,10 +253,11 @@ class RegistryClient:
             raise DigestMismatch(f"{what}: content hashes to {digest}")
         return bytes(data), ctype, digest
 
-    async def blob(self, ep: Endpoint, auth: Auth | None, w: BlobWriter) -> None:
+    async def blob(self, ep: Endpoint, auth: Auth | None, w: BlobWriter,
+                   then: Callable[[bytes], Awaitable[object]] | None = None) -> None:
         """Stream a blob into `w` (which verifies size and digest as it goes, so a body
         stops one CHUNK past the descriptor's size at most; a Content-Length past it is
-        refused unread)."""
+        refused unread), and each chunk, once `w` has it, to `then` (a layer's unpack)."""
         what = f"blob {ep.api_host}/{ep.repository}@{w.digest}"
         try:
             async with (
@@ -268,6 +275,10 @@ class RegistryClient:
                     # Hashing and writing 1 MiB releases the GIL: do it off the event loop
                     # (and, cancelled, let the write end before the caller's abort).
                     await in_thread(w.write, chunk)
+                    if then is not None:
+                        dog.pause()
+                        await then(chunk)
+                        dog.progress()
         except httpx.TimeoutException as e:
             raise errors.Unavailable(f"{what}: timed out ({type(e).__name__})") from None
         except httpx.HTTPError as e:

@@ -12,6 +12,7 @@ the file sizes it declares, so a decompression bomb stops at the bound.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gzip
 import hashlib
@@ -25,7 +26,7 @@ import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Protocol, cast
 
 from pycri import errors
 from pycri.image.types import MAX_ID
@@ -81,10 +82,50 @@ class _HashingReader:
             pass
 
 
-def _decompressing(raw: IO[bytes]) -> IO[bytes]:
+class Source(Protocol):
+    """What a layer is read from: its blob file, or the Pipe from its download."""
+
+    def read(self, n: int = -1, /) -> bytes: ...
+
+    def readinto(self, buf: memoryview | bytearray, /) -> int: ...
+
+
+class _Prefixed:
+    """`head` (the bytes read to pick the decompressor), then the rest of `raw`."""
+
+    def __init__(self, head: bytes, raw: Source) -> None:
+        self._head, self._raw = head, raw
+
+    def read(self, n: int = -1) -> bytes:
+        if not self._head:
+            return self._raw.read(n)
+        if n < 0:
+            out, self._head = self._head + self._raw.read(), b""
+        else:
+            out, self._head = self._head[:n], self._head[n:]
+        return out
+
+    def readinto(self, buf: memoryview | bytearray) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+
+def _read_exactly(raw: Source, n: int) -> bytes:
+    """Up to `n` bytes, fewer only at the end (a pipe may hand them over in pieces)."""
+    out = b""
+    while len(out) < n:
+        more = raw.read(n - len(out))
+        if not more:
+            break
+        out += more
+    return out
+
+
+def _decompressing(source: Source) -> IO[bytes]:
     """Pick the decompressor from the magic bytes, whatever the media type claimed."""
-    head = raw.read(4)
-    raw.seek(0)
+    head = _read_exactly(source, 4)
+    raw = cast(IO[bytes], _Prefixed(head, source))
     if head[:2] == b"\x1f\x8b":
         # zlib-ng inflates at about twice the stdlib's speed (docs/benchmarks.md, issue
         # 40); same file format, same errors (gzip.BadGzipFile, EOFError).
@@ -365,23 +406,26 @@ class _BoundedTarInfo(tarfile.TarInfo):
             )
 
 
-def unpack_layer(blob: Path, dest: Path, tmp_root: Path, diff_id: str | None,
-                 bound: Bound | None = None) -> tuple[int, int]:
-    """Unpack `blob` into `dest` (atomically) and check its diff ID; returns its disk usage.
+def unpack_layer(blob: Path | Source, dest: Path, tmp_root: Path, diff_id: str | None,
+                 bound: Bound | None = None, name: str = "") -> tuple[int, int]:
+    """Unpack `blob` (a file, or a stream named `name`) into `dest` (atomically) and
+    check its diff ID; returns its disk usage. A stream must end (b"") only once its
+    bytes are known good: `dest` appears then.
 
     Nothing is left behind on any failure: a corrupt or hostile layer, a layer over
-    `bound`, or the disk filling up (ResourceExhausted)."""
+    `bound`, the disk filling up (ResourceExhausted), or the stream's read failing."""
     import zstandard  # on the first unpack: an idle node does not carry them
     from zlib_ng import zlib_ng
 
     inflate_error = cast(type[Exception], zlib_ng.error)  # its stub types the class as one
 
     bound = bound or Bound(2**63, "unbounded")
-    what = f"layer {blob.name}"
+    what = f"layer {blob.name if isinstance(blob, Path) else name}"
     tmp = tmp_root / f"unpack-{uuid.uuid4().hex}"
     try:
         tmp.mkdir(mode=0o755)
-        with open(blob, "rb") as raw:
+        with open(blob, "rb") if isinstance(blob, Path) else contextlib.nullcontext(blob) \
+                as raw:
             reader = _HashingReader(_decompressing(raw), bound, what)
             ex = _Extractor(tmp, bound, what)
             try:

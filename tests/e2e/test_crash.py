@@ -19,6 +19,8 @@ import pytest
 
 from pycri.api import api_pb2 as pb
 from tests.e2e.conftest import Node
+from tests.lib import images
+from tests.lib.registry import HoldFront, Registry
 
 pytestmark = pytest.mark.e2e
 
@@ -129,3 +131,45 @@ def test_start_container_cut_short_after_the_runtime_started_it_is_running(node:
     assert st.state == pb.CONTAINER_RUNNING
     assert st.started_at > 0
     assert node.exec(cid, "echo", "alive").stdout == b"alive\n"
+
+
+def test_a_kill_mid_layer_leaves_no_partial_layer(node: Node, registry: Registry,
+                                                  tmp_path: Path) -> None:
+    """Issue 40: a layer is downloaded and extracted at once. A kill -9 while both are
+    half-way leaves its extraction in the image temp dir, which the restart empties;
+    no layer, blob or image appears, and the next pull of it succeeds."""
+    entries = [images.directory("d")] + [images.file(f"d/f{i:04}", os.urandom(4096))
+                                         for i in range(2000)]
+    ref = images.push_image(registry.addr, tmp_path / "layout", f"crash-{secrets.token_hex(4)}",
+                            "v1", [images.ImageSpec(layers=[entries])])
+    root = node.tmp / "root"
+    layers_before = set(os.listdir(root / "layers"))
+    blobs_before = set(os.listdir(root / "content" / "blobs" / "sha256"))
+    front = HoldFront(registry.addr, over=100_000)
+    front.start()
+    held = ref.replace(registry.addr, front.addr)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            pulling = pool.submit(node.cri.image.PullImage,
+                                  pb.PullImageRequest(image=pb.ImageSpec(image=held)))
+            assert front.holding.wait(30), "the layer was never asked for"
+            deadline = time.monotonic() + 15
+            while not any((d / "d").is_dir() and len(os.listdir(d / "d")) > 100
+                          for d in (root / "tmp").iterdir()):
+                assert time.monotonic() < deadline, "no extraction while the download is held"
+                time.sleep(0.05)
+            node.restart(signal.SIGKILL)
+            with pytest.raises(grpc.RpcError):
+                pulling.result(30)
+        assert list((root / "tmp").iterdir()) == []
+        assert set(os.listdir(root / "layers")) == layers_before
+        assert set(os.listdir(root / "content" / "blobs" / "sha256")) == blobs_before
+        status = node.cri.image.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=held)))
+        assert not status.HasField("image")
+        front.release.set()
+        node.cri.image.PullImage(pb.PullImageRequest(image=pb.ImageSpec(image=held)))
+        status = node.cri.image.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=held)))
+        assert status.HasField("image") and status.image.size > 2000 * 4096
+    finally:
+        front.release.set()
+        front.stop()

@@ -160,18 +160,19 @@ def small_fs(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
         subprocess.run(["umount", "-l", str(d)], check=False)
 
 
-@pytest.mark.parametrize(("size", "reserve", "full"), [
-    ("600k", 0, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
-    ("16m", 31 << 19, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
-    ("2m", 0, r"unpacks to more than \d+ bytes \(the free space of"),
-], ids=["blob-too-big", "blob-eats-reserve", "unpack-too-big"])
+@pytest.mark.parametrize(("size", "reserve", "keep", "full"), [
+    ("600k", 0, True, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
+    ("16m", 31 << 19, True, r"blob sha256:\w+ of \d+ bytes does not fit in the free space"),
+    ("2m", 0, True, r"unpacks to more than \d+ bytes \(the free space of"),
+    ("600k", 0, False, r"layer \w{64}: unpacks to more than \d+ bytes \(the free space of"),
+], ids=["blob-too-big", "blob-eats-reserve", "unpack-too-big", "streamed-too-big"])
 async def test_disk_full_during_pull(small_fs: Callable[[str], Path], make_manager: Maker,
-                                     refs: dict[str, str], size: str, reserve: int,
+                                     refs: dict[str, str], size: str, reserve: int, keep: bool,
                                      full: str) -> None:
-    """The 1 MB layer blob does not fit (or would eat the reserve); or it fits and its 2 MB
-    unpacked do not."""
+    """A kept 1 MB layer blob does not fit (or would eat the reserve); or it fits and its
+    2 MB unpacked do not. Streamed (not kept), only the unpacked bytes need room."""
     root = small_fs(size)
-    m = make_manager(root=root / "root", free_space_reserve=reserve)
+    m = make_manager(root=root / "root", free_space_reserve=reserve, keep_layer_blobs=keep)
     with pytest.raises(errors.ResourceExhausted, match=full):
         await m.pull(refs["busybox"])
     _empty_state(m)

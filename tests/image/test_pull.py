@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -17,7 +18,14 @@ from pycri.image.content import DigestMismatch
 from pycri.image.manager import IMAGE, LAYER
 from tests.image.conftest import Maker, serve
 from tests.lib import images
-from tests.lib.registry import BearerFront, Registry, StallFront, TrickleFront, free_port
+from tests.lib.registry import (
+    BearerFront,
+    HoldFront,
+    Registry,
+    StallFront,
+    TrickleFront,
+    free_port,
+)
 
 
 def _empty_state(m: object) -> None:
@@ -425,3 +433,109 @@ async def test_a_layer_row_of_the_wrong_type_is_counted_again_from_disk(
     assert m2.status(iid) is not None
     again = m2.fs_info()
     assert (again.used_bytes, again.inodes_used) == (good.used_bytes, good.inodes_used)
+
+
+def _many_files_image(reg: Registry, layout: Path, n: int = 2000) -> tuple[str, int]:
+    """One layer of `n` incompressible 4 KiB files (its first half on the wire holds
+    about its first half of files: more than the 1 MiB the unpack reads at a time);
+    returns the reference and the layer's blob size."""
+    entries = [images.directory("d")] + [images.file(f"d/f{i:04}", os.urandom(4096))
+                                         for i in range(n)]
+    spec = images.ImageSpec(layers=[entries])
+    ref = images.push_image(reg.addr, layout, "many", "v1", [spec])
+    return ref, len(images.compress(images.tar_bytes(entries), "gzip"))
+
+
+async def test_a_layer_unpacks_while_it_downloads(make_manager: Maker, tmp_path: Path) -> None:
+    """Issue 40, item 1: a layer's files are written as its bytes arrive, and no
+    compressed copy of it touches the disk (it is not kept)."""
+    reg = Registry(tmp_path / "reg").start()
+    front = HoldFront(reg.addr, over=100_000)
+    front.start()
+    try:
+        ref, _ = _many_files_image(reg, tmp_path / "layout")
+        m = make_manager()
+        pulling = asyncio.ensure_future(m.pull(ref.replace(reg.addr, front.addr)))
+        assert await asyncio.to_thread(front.holding.wait, 20), "the layer was never asked for"
+
+        def unpacked_so_far() -> int:
+            return sum(len(list((d / "d").iterdir())) for d in (m.root / "tmp").iterdir()
+                       if (d / "d").is_dir())
+
+        deadline = time.monotonic() + 10
+        while unpacked_so_far() < 100:
+            assert time.monotonic() < deadline, f"{unpacked_so_far()} files while held"
+            await asyncio.sleep(0.05)
+        assert not pulling.done()
+        assert list(m.content.ingest.iterdir()) == []  # no compressed copy on the disk
+        front.release.set()
+        iid = await pulling
+        img = m.status(iid)
+        assert img is not None
+        (chain,) = m._store.get(IMAGE, iid)["chain_ids"]  # type: ignore[index]
+        assert len(list((m.root / "layers" / chain / "d").iterdir())) == 2000
+        assert list((m.root / "tmp").iterdir()) == []
+    finally:
+        front.release.set()
+        front.stop()
+        reg.stop()
+
+
+async def test_a_held_download_cancelled_leaves_nothing(make_manager: Maker,
+                                                        tmp_path: Path) -> None:
+    """The last client gone mid-layer: the download stops, the unpack stops with it and
+    removes what it made; the next pull succeeds."""
+    reg = Registry(tmp_path / "reg").start()
+    front = HoldFront(reg.addr, over=100_000)
+    front.start()
+    try:
+        ref, _ = _many_files_image(reg, tmp_path / "layout")
+        m = make_manager()
+        pulling = asyncio.ensure_future(m.pull(ref.replace(reg.addr, front.addr)))
+        assert await asyncio.to_thread(front.holding.wait, 20)
+        await asyncio.sleep(0.3)
+        pulling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await pulling
+        _empty_state(m)
+        assert await m.pull(ref)
+    finally:
+        front.release.set()
+        front.stop()
+        reg.stop()
+
+
+async def test_a_mirror_serving_wrong_bytes_gives_way(make_manager: Maker,
+                                                      tmp_path: Path) -> None:
+    """A mirror whose layer bytes do not match the digest (the unpack meets garbage
+    before the digest can be checked): the registry is tried next, and the pull
+    succeeds with nothing of the bad bytes left. Bad bytes from the only endpoint
+    are its DigestMismatch, not the unpack's complaint about them."""
+    reg = Registry(tmp_path / "reg").start()
+    bad = HoldFront(reg.addr, over=1 << 30, corrupt=True)
+    bad.start()
+    try:
+        ref, _ = _many_files_image(reg, tmp_path / "layout")
+        (tmp_path / "registries.conf").write_text(f"""
+[[registry]]
+prefix = "{reg.addr}"
+location = "{reg.addr}"
+insecure = true
+[[registry.mirror]]
+location = "{bad.addr}"
+insecure = true
+""")
+        m = make_manager()
+        iid = await m.pull(ref)
+        assert any("/blobs/" in r for r in bad.requests)
+        (chain,) = m._store.get(IMAGE, iid)["chain_ids"]  # type: ignore[index]
+        assert len(list((m.root / "layers" / chain / "d").iterdir())) == 2000
+        assert list((m.root / "tmp").iterdir()) == []
+        alone = make_manager(root=tmp_path / "alone")
+        (tmp_path / "registries.conf").write_text("")
+        with pytest.raises(DigestMismatch):
+            await alone.pull(ref.replace(reg.addr, bad.addr))
+        _empty_state(alone)
+    finally:
+        bad.stop()
+        reg.stop()

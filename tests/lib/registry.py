@@ -331,6 +331,39 @@ class StallFront(_FrontBase):
         self.forward(h, cut="/blobs/" in h.path and self.mode == "blob")
 
 
+class HoldFront(_FrontBase):
+    """Blob bodies of more than `over` bytes stop after their first half until `release`
+    is set (or the front stops); with `corrupt`, every blob body has one byte flipped."""
+
+    def __init__(self, upstream: str, over: int = 0, corrupt: bool = False) -> None:
+        super().__init__(upstream)
+        self.over, self.corrupt = over, corrupt
+        self.release = threading.Event()
+        self.holding = threading.Event()  # set once a first half has been sent
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if "/blobs/" not in h.path:
+            self.forward(h)
+            return
+        body = bytearray(self.fetch(h))
+        if self.corrupt and body:
+            body[len(body) // 2] ^= 0xFF
+        if len(body) <= self.over:
+            h.wfile.write(body)
+            return
+        try:
+            h.wfile.write(body[: len(body) // 2])
+            h.wfile.flush()
+            self.holding.set()
+            while not self.release.wait(0.05):
+                if self.stopping.is_set():
+                    return
+            h.wfile.write(body[len(body) // 2 :])
+        except OSError:
+            pass
+        h.close_connection = True
+
+
 @dataclass
 class Trickle:
     """One body sent byte by byte: when it ended (None: still going) and how."""
