@@ -24,6 +24,7 @@ import stat
 import tarfile
 import uuid
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, cast
@@ -38,6 +39,8 @@ OPAQUE = ".wh..wh..opq"
 OPAQUE_XATTR = "trusted.overlay.opaque"
 XATTR_PAX = "SCHILY.xattr."  # a pax header key naming an xattr
 BUF = 1 << 20
+# Directories an unpack remembers having walked (see _Extractor): a bound on its memory.
+MAX_KNOWN_DIRS = 1 << 16
 
 
 class HostileLayer(errors.InvalidArgument):
@@ -213,18 +216,34 @@ def _parts(name: str, what: str) -> list[str]:
 
 
 class _Extractor:
+    """Writes entries into the layer's private temp dir, in archive order.
+
+    Per entry it spends as few system calls as it can, since on a layer of tens of
+    thousands of small files they are the cost (issue 40): a name is created first
+    and cleared only if it exists (EEXIST), directories already walked are
+    remembered (`_known`, forgotten whenever a directory is removed: nothing else
+    in this dir can change one into something else), and a regular file's owner,
+    xattrs, mode and times go through its open descriptor, not its path."""
+
     def __init__(self, root: Path, bound: Bound, what: str) -> None:
         self.root = root
-        self.dirs: list[tuple[Path, float]] = []
+        self._root = str(root)
+        self.dirs: list[tuple[str, float]] = []
         self._bound = bound
         self._what = what
         self._declared = Bound(bound.limit, bound.why, bound.exhausted)  # sparse files
+        self._known: set[str] = set()  # relative paths walked as real directories
 
-    def _parent(self, parts: list[str], name: str) -> Path:
+    def _parent(self, parts: list[str], name: str) -> str:
         """The entry's parent dir, created as needed; refuses any non-directory on the way."""
-        cur = self.root
+        if len(parts) == 1:
+            return self._root
+        rel = "/".join(parts[:-1])
+        if rel in self._known:
+            return f"{self._root}/{rel}"
+        cur = self._root
         for comp in parts[:-1]:
-            cur = cur / comp
+            cur = f"{cur}/{comp}"
             try:
                 st = os.lstat(cur)
             except FileNotFoundError:
@@ -233,9 +252,12 @@ class _Extractor:
             if not stat.S_ISDIR(st.st_mode):
                 kind = "symlink" if stat.S_ISLNK(st.st_mode) else "non-directory"
                 raise HostileLayer(f"layer entry {name!r}: path goes through a {kind} {comp!r}")
+        if len(self._known) >= MAX_KNOWN_DIRS:
+            self._known.clear()
+        self._known.add(rel)
         return cur
 
-    def _clear(self, path: Path, keep_dir: bool) -> bool:
+    def _clear(self, path: str, keep_dir: bool) -> bool:
         """Remove what is at `path` unless it is a dir we keep; True if a dir was kept."""
         try:
             st = os.lstat(path)
@@ -245,9 +267,18 @@ class _Extractor:
             if keep_dir:
                 return True
             shutil.rmtree(path)
+            self._known.clear()  # the removed dir, or one under it, may be in there
         else:
             os.unlink(path)
         return False
+
+    def _make(self, path: str, create: Callable[[], None]) -> None:
+        """`create` the entry at `path`, replacing a non-directory or directory there."""
+        try:
+            create()
+        except FileExistsError:
+            self._clear(path, keep_dir=False)
+            create()
 
     def entry(self, tf: tarfile.TarFile, m: tarfile.TarInfo) -> None:
         parts = _parts(m.name, "")
@@ -262,42 +293,63 @@ class _Extractor:
             hidden = base[len(WHITEOUT) :]
             if hidden in ("", ".", "..") or hidden.startswith(WHITEOUT):
                 raise HostileLayer(f"layer entry {m.name!r}: malformed whiteout")
-            target = parent / hidden
-            self._clear(target, keep_dir=False)
-            os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+            target = f"{parent}/{hidden}"
+            self._make(target, lambda: os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0)))
             return
-        target = parent / base
+        target = f"{parent}/{base}"
+        if m.isreg():
+            self._file(tf, m, target)
+            return
         if m.isdir():
-            if not self._clear(target, keep_dir=True):
+            try:
                 os.mkdir(target, 0o700)
-        else:
-            self._clear(target, keep_dir=False)
-        if m.islnk():
+            except FileExistsError:
+                if not self._clear(target, keep_dir=True):
+                    os.mkdir(target, 0o700)
+        elif m.islnk():
             self._hardlink(m, target)
             return
-        if m.isreg():
-            self._declared.spend(m.size, f"{self._what} (file {m.name!r})")
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                src = tf.extractfile(m)
-                if src is not None:
-                    shutil.copyfileobj(src, out, BUF)
         elif m.issym():
-            os.symlink(m.linkname, target)
+            self._make(target, lambda: os.symlink(m.linkname, target))
         elif m.ischr() or m.isblk():
             kind = stat.S_IFCHR if m.ischr() else stat.S_IFBLK
-            os.mknod(target, kind | 0o600, os.makedev(m.devmajor, m.devminor))
+            dev = os.makedev(m.devmajor, m.devminor)
+            self._make(target, lambda: os.mknod(target, kind | 0o600, dev))
         elif m.isfifo():
-            os.mkfifo(target, 0o600)
-        elif not m.isdir():
+            self._make(target, lambda: os.mkfifo(target, 0o600))
+        else:
             raise HostileLayer(f"layer entry {m.name!r}: unsupported tar type {m.type!r}")
-        self._metadata(m, target)
+        self._metadata(m, target, parts)
 
-    def _hardlink(self, m: tarfile.TarInfo, target: Path) -> None:
+    def _file(self, tf: tarfile.TarFile, m: tarfile.TarInfo, target: str) -> None:
+        """A regular file: created, written and given its metadata through one fd."""
+        self._declared.spend(m.size, f"{self._what} (file {m.name!r})")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = -1
+
+        def create() -> None:
+            nonlocal fd
+            fd = os.open(target, flags, 0o600)
+
+        self._make(target, create)
+        try:
+            src = tf.extractfile(m)
+            while src is not None and (data := src.read(BUF)):
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            os.fchown(fd, m.uid, m.gid)
+            self._xattrs(m, fd)
+            os.fchmod(fd, m.mode & 0o7777)  # after chown, which clears setuid bits
+            os.utime(fd, (m.mtime, m.mtime))
+        finally:
+            os.close(fd)
+
+    def _hardlink(self, m: tarfile.TarInfo, target: str) -> None:
         parts = _parts(m.linkname, "hard link target of " + repr(m.name))
         if not parts:
             raise HostileLayer(f"layer entry {m.name!r}: hard link to the layer root")
-        src = self._parent(parts, m.linkname) / parts[-1]
+        src = f"{self._parent(parts, m.linkname)}/{parts[-1]}"
         try:
             st = os.lstat(src)
         except FileNotFoundError:
@@ -306,10 +358,17 @@ class _Extractor:
             ) from None
         if stat.S_ISDIR(st.st_mode):
             raise HostileLayer(f"layer entry {m.name!r}: hard link to a directory")
-        os.link(src, target, follow_symlinks=False)
+        try:
+            os.link(src, target, follow_symlinks=False)
+        except FileExistsError:
+            self._clear(target, keep_dir=False)  # its target may have gone with it
+            try:
+                os.link(src, target, follow_symlinks=False)
+            except FileNotFoundError:
+                raise HostileLayer(f"layer entry {m.name!r}: hard link target "
+                                   f"{m.linkname!r} is not in this layer") from None
 
-    def _metadata(self, m: tarfile.TarInfo, target: Path) -> None:
-        os.chown(target, m.uid, m.gid, follow_symlinks=False)
+    def _xattrs(self, m: tarfile.TarInfo, at: str | int) -> None:
         for key, value in m.pax_headers.items():
             if not key.startswith(XATTR_PAX):
                 continue
@@ -317,24 +376,31 @@ class _Extractor:
             if name.startswith("trusted.overlay."):
                 raise HostileLayer(f"layer entry {m.name!r}: overlay xattr {name!r} refused")
             try:
-                os.setxattr(target, name, value.encode("utf-8", "surrogateescape"),
-                            follow_symlinks=False)
+                if isinstance(at, int):
+                    os.setxattr(at, name, value.encode("utf-8", "surrogateescape"))
+                else:
+                    os.setxattr(at, name, value.encode("utf-8", "surrogateescape"),
+                                follow_symlinks=False)
             except OSError as e:
                 log.warning("layer entry %s: xattr %s not kept: %s", _shown(m.name),
                             _shown(name), e.strerror or e)
+
+    def _metadata(self, m: tarfile.TarInfo, target: str, parts: list[str]) -> None:
+        os.chown(target, m.uid, m.gid, follow_symlinks=False)
+        self._xattrs(m, target)
         if m.issym():
             os.utime(target, (m.mtime, m.mtime), follow_symlinks=False)
             return
         os.chmod(target, m.mode & 0o7777)  # after chown, which clears setuid bits
         if m.isdir():
-            self.dirs.append((target, m.mtime))
+            self.dirs.append(("/".join(parts), m.mtime))
         else:
             os.utime(target, (m.mtime, m.mtime))
 
     def finish(self) -> None:
         """Directory mtimes last: writing their children changed them."""
-        for path, mtime in reversed(self.dirs):
-            self._utime_within(path.relative_to(self.root).parts, mtime)
+        for rel, mtime in reversed(self.dirs):
+            self._utime_within(tuple(rel.split("/")), mtime)
 
     def _utime_within(self, parts: tuple[str, ...], mtime: float) -> None:
         """Set a directory's times through its parents opened one by one without following
