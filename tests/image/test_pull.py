@@ -539,3 +539,29 @@ insecure = true
     finally:
         bad.stop()
         reg.stop()
+
+
+async def test_parallel_streamed_layers_match_a_serial_unpack(make_manager: Maker,
+                                                              tmp_path: Path) -> None:
+    """Issue 40, item 5: the layers a pull streams and unpacks at once (whiteouts, an
+    opaque directory, hard links, across three layers) are, byte for byte and bit for
+    bit, what unpacking each blob alone and in order gives."""
+    from pycri.image.unpack import unpack_layer
+    from tests.lib.trees import tree
+
+    reg = Registry(tmp_path / "reg").start()
+    try:
+        ref = images.push_busybox(reg.addr, tmp_path / "layout")
+        m = make_manager()
+        iid = await m.pull(ref)
+        chains = m._store.get(IMAGE, iid)["chain_ids"]  # type: ignore[index]
+        spec = images.busybox_spec()
+        (tmp_path / "serial-tmp").mkdir()
+        for n, (entries, chain) in enumerate(zip(spec.layers, chains, strict=True)):
+            raw = images.tar_bytes(entries)
+            blob = reg.blob_path(images.sha(images.compress(raw, "gzip")))
+            alone = tmp_path / f"serial-{n}"
+            unpack_layer(blob, alone, tmp_path / "serial-tmp", images.sha(raw))
+            assert tree(m.root / "layers" / chain) == tree(alone), n
+    finally:
+        reg.stop()

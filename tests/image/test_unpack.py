@@ -18,6 +18,7 @@ from pycri import errors
 from pycri.image.unpack import HostileLayer, unpack_layer
 from tests.lib import images
 from tests.lib.images import Entry, directory, file, hardlink, opaque, symlink, whiteout
+from tests.lib.trees import tree
 
 
 def _unpack(tmp_path: Path, entries: list[Entry], comp: str = "gzip",
@@ -195,33 +196,6 @@ def _archives(draw: st.DrawFn) -> list[tarfile.TarInfo | tuple[tarfile.TarInfo, 
     return out
 
 
-def _tree(root: Path) -> dict[str, tuple[object, ...]]:
-    """Every path's kind, owner, mode, time, content or target, and hard-link group."""
-    inodes: dict[int, list[str]] = {}
-    seen: dict[str, tuple[object, ...]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for n in dirnames + filenames:
-            p = os.path.join(dirpath, n)
-            rel = os.path.relpath(p, root)
-            st_ = os.lstat(p)
-            common = (stat.S_IFMT(st_.st_mode), st_.st_uid, st_.st_gid)
-            if stat.S_ISLNK(st_.st_mode):
-                seen[rel] = (*common, os.readlink(p))
-            elif stat.S_ISDIR(st_.st_mode):
-                # No time: GNU tar sets a directory's once the archive has moved past
-                # it, so an entry that comes back into it later leaves "now" (the
-                # extractor sets them all at the end: test_metadata_kept).
-                seen[rel] = (*common, stat.S_IMODE(st_.st_mode))
-            else:
-                inodes.setdefault(st_.st_ino, []).append(rel)
-                seen[rel] = (*common, stat.S_IMODE(st_.st_mode), st_.st_mtime_ns // 10**9,
-                             Path(p).read_bytes())
-    for group in inodes.values():
-        for rel in group:
-            seen[rel] = (*seen[rel], tuple(sorted(group)))
-    return seen
-
-
 @settings(max_examples=60, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(entries=_archives())
@@ -243,4 +217,4 @@ def test_the_same_tree_as_gnu_tar(tmp_path: Path, entries: list[
     theirs.mkdir()
     subprocess.run(["tar", "-x", "-p", "--numeric-owner", "--same-owner", "-f", str(blob),
                     "-C", str(theirs)], check=True, capture_output=True)
-    assert _tree(ours) == _tree(theirs)
+    assert tree(ours) == tree(theirs)
