@@ -80,6 +80,9 @@ class ImageBase:
         self.set_pinned(pinned)
         self._by_ref: dict[str, str] = {}
         self._warned: set[str] = set()  # records already reported as unreadable
+        # Trash removed after the call that made it has returned (`_sweep`).
+        self._to_reap: builtins.list[Path] = []
+        self._reaping: asyncio.Task[None] | None = None
         self._reindex()
 
     @property
@@ -91,6 +94,7 @@ class ImageBase:
         return self._client
 
     async def close(self) -> None:
+        await self.reaped()
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -171,7 +175,27 @@ class ImageBase:
                 trash.append(t)
         return trash
 
-    async def _sweep(self) -> None:
+    async def _sweep(self, wait: bool = True) -> None:
+        """Drop what nothing holds. Unless `wait`, the files go after the call returns:
+        moved into tmp/ they are out of every view already, a later removal of the
+        same layer is another name, and a restart empties tmp/ (RemoveImage: on this
+        machine's ext4 unlinking an image's files is most of the call's time)."""
         trash = self._mark_and_move()
-        if trash:
+        if not trash:
+            return
+        if wait:
             await asyncio.to_thread(_rmtrees, trash)
+            return
+        self._to_reap += trash
+        if self._reaping is None or self._reaping.done():
+            self._reaping = asyncio.create_task(self._reap())
+
+    async def _reap(self) -> None:
+        while self._to_reap:
+            batch, self._to_reap = self._to_reap, []
+            await asyncio.to_thread(_rmtrees, batch)
+
+    async def reaped(self) -> None:
+        """Return once the trash of earlier calls is gone from the disk."""
+        while self._reaping is not None and not self._reaping.done():
+            await asyncio.wait([self._reaping])

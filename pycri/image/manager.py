@@ -113,7 +113,7 @@ class ImageManager(ImagePull, ImageRootfs, ImageFound):
         self._store.delete(IMAGE, iid)
         self._warned.discard(iid)
         self._reindex()
-        await self._sweep()
+        await self._sweep(wait=False)
 
     # ---- accounting and recovery -------------------------------------------------------
 

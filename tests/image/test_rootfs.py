@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
@@ -66,6 +67,8 @@ async def test_remove_by_tag_id_digest_and_shared_layers(make_manager: Maker,
     await m.remove(refs["busybox"])  # by tag: the whole image, all tags
     assert m.status(iid) is None and m.status(refs["library"]) is None
     assert list(m.content.digests()) == [] and list((m.root / "layers").iterdir()) == []
+    await m.reaped()  # its files went after the call: now they are gone from the disk
+    assert list((m.root / "tmp").iterdir()) == []
     await m.remove(refs["busybox"])  # absent: success
     await m.remove("sha256:" + "f" * 64)
     iid = await m.pull(refs["busybox"])
@@ -189,3 +192,28 @@ async def test_damaged_rows_are_set_aside_at_start_and_made_again_from_disk(
     # Found again, it is an image like any other: a pull names it, a removal frees it.
     assert await m2.pull(refs["busybox"]) == iid
     assert m2.status(refs["busybox"]) is not None
+
+
+async def test_removed_files_go_after_the_call_and_at_restart(make_manager: Maker,
+                                                              refs: dict[str, str]) -> None:
+    """RemoveImage returns once the image is out of every view; its files are unlinked
+    after it, and a crash before that leaves them in tmp/, which the restart empties."""
+    m = make_manager()
+    await m.pull(refs["busybox"])
+    reap = m._reap
+
+    async def never() -> None:  # the process dies before its trash is removed
+        await asyncio.Event().wait()
+
+    m._reap = never  # type: ignore[method-assign]
+    await m.remove(refs["busybox"])
+    assert m.list() == [] and list((m.root / "layers").iterdir()) == []
+    trash = list((m.root / "tmp").iterdir())
+    assert trash and all(t.name.startswith("trash-") for t in trash)
+    assert m._reaping is not None
+    m._reaping.cancel()
+    m._reap = reap  # type: ignore[method-assign]
+    restarted = make_manager()
+    restarted.recover()
+    assert list((restarted.root / "tmp").iterdir()) == []
+    assert await restarted.pull(refs["busybox"])
