@@ -173,7 +173,7 @@ class ImagePull(ImageBase):
                 return data, mtype, digest, ep
             except errors.PycriError as e:
                 if ep.mirror:
-                    log.info("mirror %s for %s failed, trying next: %s", ep.host, r, e)
+                    log.warning("mirror %s for %s failed, trying next: %s", ep.host, r, e)
                 last = e
         assert last is not None
         from pycri.image.registry import ManifestNotFound
@@ -247,7 +247,8 @@ class ImagePull(ImageBase):
                     raise  # our disk, not the registry: another mirror would not help
                 except errors.PycriError as e:
                     last = e
-                    log.info("blob %s from %s failed: %s", digest, ep.api_host, e)
+                    log.warning("blob %s from %s failed (the next endpoint, if any, is "
+                                "tried): %s", digest, ep.api_host, e)
                 finally:
                     w.abort()
         assert last is not None
@@ -289,7 +290,8 @@ class ImagePull(ImageBase):
                     raise  # our disk, not the registry: another endpoint would not help
                 except errors.PycriError as e:
                     last = e
-                    log.info("layer %s from %s failed: %s", layer.digest, ep.api_host, e)
+                    log.warning("layer %s from %s failed (the next endpoint, if any, is "
+                                "tried): %s", layer.digest, ep.api_host, e)
         assert last is not None
         raise last
 

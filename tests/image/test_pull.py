@@ -565,3 +565,33 @@ async def test_parallel_streamed_layers_match_a_serial_unpack(make_manager: Make
             assert tree(m.root / "layers" / chain) == tree(alone), n
     finally:
         reg.stop()
+
+
+async def test_a_trickling_mirror_gives_way_to_the_next(make_manager: Maker, registry: Registry,
+                                                        refs: dict[str, str], tmp_path: Path,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 42, item 4: a mirror whose blobs make no progress for
+    pull_progress_timeout is left for the next endpoint (here the registry itself),
+    which the pull finishes from; the stall is logged with the layer and the mirror."""
+    front = TrickleFront(registry.addr, delay=0.3, what="/blobs/")
+    front.start()
+    try:
+        (tmp_path / "registries.conf").write_text(f"""
+[[registry]]
+prefix = "{registry.addr}"
+location = "{registry.addr}"
+insecure = true
+[[registry.mirror]]
+location = "{front.addr}"
+insecure = true
+""")
+        m = make_manager(pull_progress_timeout=1.0)
+        t0 = time.monotonic()
+        iid = await m.pull(refs["busybox"])
+        assert m.status(iid) is not None and time.monotonic() - t0 < 20
+        assert any("/blobs/" in r for r in front.requests)
+        assert await asyncio.to_thread(front.wait_ended, 5)
+        stalls = [r.getMessage() for r in caplog.records if "no progress" in r.getMessage()]
+        assert stalls and all(front.addr in s and "sha256:" in s for s in stalls), stalls
+    finally:
+        front.stop()
