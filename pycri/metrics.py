@@ -212,6 +212,14 @@ PULL_SECONDS = Histogram(
 )  # fmt: skip
 PULL_FAILURES = Counter("pycri_image_pull_failures_total", "Image pulls that failed")
 PULL_BYTES = Counter("pycri_image_pull_bytes_total", "Blob bytes received from registries")
+PULL_PHASE_SECONDS = Histogram(
+    "pycri_image_pull_phase_duration_seconds", "Phases of image pulls (resolving the "
+    "manifest and config, downloading and unpacking the layers, committing)", ["phase"],
+    _PULL_BUCKETS,
+)  # fmt: skip
+PULL_STALLS = Counter(
+    "pycri_image_pull_stalls_total", "Registry fetches that made no progress for "
+    "images.pull_progress_timeout (the next endpoint, if any, is tried)")
 
 
 @contextlib.contextmanager

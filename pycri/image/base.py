@@ -22,6 +22,7 @@ from pycri import errors
 from pycri.config import ImagesConfig
 from pycri.image import reference, schema
 from pycri.image.content import ContentStore
+from pycri.image.progress import Progress
 from pycri.image.snapshots import Snapshotter
 from pycri.store.db import Record, Store
 
@@ -73,6 +74,7 @@ class ImageBase:
         self._inflight: dict[Hashable, asyncio.Task[Any]] = {}
         self._waiters: Counter[asyncio.Task[Any]] = Counter()
         self._held: Counter[str] = Counter()
+        self.progress = Progress()  # what the pulls in flight are doing
         self._pinned: set[str] = set()
         # Bumped on every change of what ImageStatus and ListImages answer (the records,
         # their index, the pinned set): the servicer's encoded answers hold until then.

@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from collections.abc import Callable, Coroutine, Hashable
 from typing import Any, TypeVar
 
@@ -21,6 +22,7 @@ from pycri.image import reference, schema
 from pycri.image.auth import Auth
 from pycri.image.base import IMAGE, LAYER, ImageBase, _strings
 from pycri.image.pipe import Aborted, Pipe, own_thread
+from pycri.image.progress import LOG_EVERY, LayerProgress, PullProgress
 from pycri.image.regconf import Endpoint, RegistriesConf
 from pycri.image.unpack import Bound, unpack_layer
 from pycri.store.db import Record
@@ -51,6 +53,16 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
         prev = d if not prev else "sha256:" + hashlib.sha256(f"{prev} {d}".encode()).hexdigest()
         out.append(prev.split(":", 1)[1])
     return out
+
+
+async def _log_progress(state: PullProgress) -> None:
+    """A line every LOG_EVERY seconds while the pull runs (cancelled at its end)."""
+    while True:
+        await asyncio.sleep(LOG_EVERY)
+        fields = state.fields(time.monotonic())
+        log.info("pull of %s: %s, %s of %s bytes, %s layer(s) of %s done", state.reference,
+                 state.phase, fields["bytes"], fields["total_bytes"], fields["layers_done"],
+                 fields["layers"], extra={"fields": fields})
 
 
 def _first_error(eg: BaseExceptionGroup[BaseException]) -> BaseException:
@@ -91,13 +103,23 @@ class ImagePull(ImageBase):
                 raise errors.ResourceExhausted(
                     f"{running} pulls are running, the node's bound "
                     "(images.max_concurrent_pulls); try again when one has ended")
-        return await self._shared(key, lambda: self._timed_pull(r, auth))
+        return await self._shared(key, lambda: self._timed_pull(r, auth, key))
 
-    async def _timed_pull(self, r: reference.Reference, auth: Auth | None) -> str:
-        with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
-            return await self._pull(r, auth)
+    async def _timed_pull(self, r: reference.Reference, auth: Auth | None,
+                          key: Hashable) -> str:
+        task = asyncio.current_task()  # the shared pull's: its waiters are its clients
+        assert task is not None
+        state = self.progress.begin(key, str(r), lambda: self._waiters.get(task, 0))
+        ticker = asyncio.create_task(_log_progress(state))
+        try:
+            with metrics.timed(metrics.PULL_SECONDS, metrics.PULL_FAILURES):
+                return await self._pull(r, auth, state)
+        finally:
+            ticker.cancel()
+            self.progress.end(key)
 
-    async def _pull(self, r: reference.Reference, auth: Auth | None) -> str:
+    async def _pull(self, r: reference.Reference, auth: Auth | None,
+                    state: PullProgress) -> str:
         if auth is not None:
             auth.basic()  # a malformed `auth` field fails before any network traffic
         conf = RegistriesConf.load(self._cfg.registries_conf, self._cfg.registries_conf_dir)
@@ -139,6 +161,9 @@ class ImagePull(ImageBase):
             for layer, chain in zip(man.layers, chains, strict=True):
                 hold(layer.digest)
                 hold(chain)
+            state.layers = [self.progress.layer(chain, layer.digest, layer.size)
+                            for layer, chain in zip(man.layers, chains, strict=True)]
+            state.enter("downloading")
             async with asyncio.TaskGroup() as tg:
                 for layer, diff, chain in zip(man.layers, diff_ids, chains, strict=True):
                     tg.create_task(self._ensure_layer(eps, auth, layer, diff, chain))
@@ -147,6 +172,7 @@ class ImagePull(ImageBase):
                 blobs.insert(1, mdigest)
             layer_blobs = set() if self._cfg.keep_layer_blobs else {
                 d.digest for d in man.layers}
+            state.enter("committing")
             iid = self._commit(r, top, cdigest, config, blobs, chains, man.annotations,
                                layer_blobs)
         except BaseExceptionGroup as eg:  # a layer task failed: report its error, not the group
@@ -256,13 +282,14 @@ class ImagePull(ImageBase):
 
     async def _ensure_layer(self, eps: builtins.list[Endpoint], auth: Auth | None,
                             layer: schema.Descriptor, diff_id: str, chain: str) -> None:
-        if self._unpacked(chain):
-            return
-        if self.content.has(layer.digest):  # kept from an earlier pull
-            await self._shared("unpack:" + chain, lambda: self._unpack(layer, diff_id, chain))
-        else:
-            await self._shared("unpack:" + chain,
-                               lambda: self._fetch_layer(eps, auth, layer, diff_id, chain))
+        if not self._unpacked(chain):
+            if self.content.has(layer.digest):  # kept from an earlier pull
+                await self._shared("unpack:" + chain,
+                                   lambda: self._unpack(layer, diff_id, chain))
+            else:
+                await self._shared("unpack:" + chain,
+                                   lambda: self._fetch_layer(eps, auth, layer, diff_id, chain))
+        self.progress.layer(chain, layer.digest, layer.size).done = True
 
     def _unpacked(self, chain: str) -> bool:
         return bool(self._store.get(LAYER, chain)) and (self._layers / chain).is_dir()
@@ -279,10 +306,12 @@ class ImagePull(ImageBase):
                 f"blob {layer.digest} of {layer.size} bytes does not fit in the free space of "
                 f"{self.root} (less images.free_space_reserve)")
         last: errors.PycriError | None = None
+        progress = self.progress.layer(chain, layer.digest, layer.size)
         async with self._sem:
             for ep in eps:
+                progress.restart(ep.api_host)
                 try:
-                    await self._stream_layer(ep, auth, layer, diff_id, chain, keep)
+                    await self._stream_layer(ep, auth, layer, diff_id, chain, keep, progress)
                     return
                 except _ImageFault as f:
                     raise f.error from None  # another endpoint's same bytes would fail alike
@@ -296,7 +325,8 @@ class ImagePull(ImageBase):
         raise last
 
     async def _stream_layer(self, ep: Endpoint, auth: Auth | None, layer: schema.Descriptor,
-                            diff_id: str, chain: str, keep: bool) -> None:
+                            diff_id: str, chain: str, keep: bool,
+                            progress: LayerProgress) -> None:
         """One try at `ep`. The unpack reads the download through a Pipe; the layer
         appears only after the blob's digest has matched, since the pipe ends (b"")
         only then. An unpack that fails early leaves the download to finish into the
@@ -314,8 +344,11 @@ class ImagePull(ImageBase):
                 pipe.close()
 
         async def feed(chunk: bytes) -> None:
+            progress.fetch(len(chunk), time.monotonic())
             if not pipe.closed:
                 await pipe.put(chunk)
+
+        progress.read = lambda: pipe.taken
 
         unpacking = asyncio.ensure_future(own_thread(unpack, f"unpack {layer.digest[7:19]}"))
         try:

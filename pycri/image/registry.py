@@ -83,6 +83,7 @@ async def _watch(seconds: float, what: str, whole: bool = False) -> AsyncIterato
         async with dog._cm:
             yield dog
     except TimeoutError:
+        metrics.PULL_STALLS.inc()
         raise Stalled(f"{what}: no progress for {seconds:g}s (pull_progress_timeout)") from None
 
 
