@@ -80,29 +80,40 @@ class Pipe:
     def read(self, n: int = -1) -> bytes:
         """Up to `n` bytes (all that is queued for n < 0), blocking until there is at
         least one; b"" only at the end of the stream."""
-        with self._ready:
-            while not self._chunks and not self._eof and self._error is None:
-                self._ready.wait()
-            if self._error is not None:
-                raise self._error
-            if not self._chunks:
-                return b""
-            out = bytearray()
-            while self._chunks and (n < 0 or len(out) < n):
-                chunk = self._chunks.popleft()
-                want = len(chunk) if n < 0 else min(len(chunk), n - len(out))
-                out += chunk[:want]
-                if want < len(chunk):
-                    self._chunks.appendleft(chunk[want:])
-            self._buffered -= len(out)
-            self.taken += len(out)
-        self._loop.call_soon_threadsafe(self._room.set)
-        return bytes(out)
+        out = bytearray(self._wait() if n < 0 else n)
+        return bytes(out[: self.readinto(out)])
 
     def readinto(self, buf: memoryview | bytearray) -> int:
-        data = self.read(len(buf))
-        buf[: len(data)] = data
-        return len(data)
+        """Fill `buf` from what is queued (blocking until there is something): each
+        byte is copied once, from the chunk it came in. 0 only at the end."""
+        want = len(buf)
+        with self._ready:
+            got = 0
+            if want and self._wait_locked():
+                while self._chunks and got < want:
+                    chunk = self._chunks.popleft()
+                    n = min(len(chunk), want - got)
+                    buf[got : got + n] = chunk[:n]
+                    got += n
+                    if n < len(chunk):
+                        self._chunks.appendleft(chunk[n:])
+                self._buffered -= got
+                self.taken += got
+        if got:
+            self._loop.call_soon_threadsafe(self._room.set)
+        return got
+
+    def _wait(self) -> int:
+        with self._ready:
+            return self._buffered if self._wait_locked() else 0
+
+    def _wait_locked(self) -> bool:
+        """Wait for bytes or the end; True if there are bytes. Raises the failure."""
+        while not self._chunks and not self._eof and self._error is None:
+            self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return bool(self._chunks)
 
     def close(self) -> None:
         """The reader is done (finished or failed): a waiting `put` returns False."""

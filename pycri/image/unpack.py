@@ -24,7 +24,7 @@ import stat
 import tarfile
 import uuid
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol, cast
@@ -215,6 +215,69 @@ def _parts(name: str, what: str) -> list[str]:
     return parts
 
 
+class _TarStream:
+    """The decompressed layer as tarfile reads it: forward only, with `tell` and a
+    forward `seek`. tarfile's own stream mode ("r|") copies what is left of its buffer
+    on every read, a megabyte per 512-byte header: a fifth of a pull's CPU on a layer
+    of small files (perf, issue 40). Here each byte is copied once out of the chunk it
+    came in."""
+
+    def __init__(self, reader: _HashingReader) -> None:
+        self._reader = reader
+        self._buf = b""
+        self._at = 0  # of _buf, what is read already
+        self.pos = 0
+
+    def read(self, n: int = -1) -> bytes:
+        if n < 0:
+            raise ValueError("a layer is read in bounded pieces")
+        if len(self._buf) - self._at >= n:
+            out = self._buf[self._at : self._at + n]
+            self._at += n
+        else:
+            parts = [self._buf[self._at :]]
+            have = len(parts[0])
+            while have < n and (more := self._reader.read(BUF)):
+                parts.append(more)
+                have += len(more)
+            joined = b"".join(parts)
+            out, self._buf, self._at = joined[:n], joined, min(n, len(joined))
+        self.pos += len(out)
+        return out
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        """Forward only, by reading (so the diff ID still sees every byte)."""
+        if whence != 0 or pos < self.pos:
+            raise tarfile.ReadError("the layer's archive seeks backwards")
+        while self.pos < pos and self.read(min(BUF, pos - self.pos)):
+            pass
+        return self.pos
+
+    def seekable(self) -> bool:
+        return False
+
+
+def _contents(tf: tarfile.TarFile, m: tarfile.TarInfo) -> Iterator[bytes]:
+    """A regular file's bytes in pieces of at most BUF, straight from the stream (a
+    sparse one through tarfile, which knows its map)."""
+    if m.sparse is not None:
+        src = tf.extractfile(m)
+        while src is not None and (data := src.read(BUF)):
+            yield data
+        return
+    stream = tf.fileobj
+    left = m.size
+    while left > 0:
+        data = stream.read(min(BUF, left))
+        if not data:
+            raise tarfile.ReadError("unexpected end of data")
+        left -= len(data)
+        yield data
+
+
 class _Extractor:
     """Writes entries into the layer's private temp dir, in archive order.
 
@@ -333,8 +396,7 @@ class _Extractor:
 
         self._make(target, create)
         try:
-            src = tf.extractfile(m)
-            while src is not None and (data := src.read(BUF)):
+            for data in _contents(tf, m):
                 view = memoryview(data)
                 while view:
                     view = view[os.write(fd, view):]
@@ -495,10 +557,12 @@ def unpack_layer(blob: Path | Source, dest: Path, tmp_root: Path, diff_id: str |
             reader = _HashingReader(_decompressing(raw), bound, what)
             ex = _Extractor(tmp, bound, what)
             try:
-                with tarfile.open(  # type: ignore[call-overload]
-                    fileobj=reader, mode="r|", bufsize=BUF, tarinfo=_BoundedTarInfo
-                ) as tf:
-                    for member in tf:
+                tf = tarfile.TarFile(fileobj=_TarStream(reader), mode="r",  # type: ignore[arg-type]
+                                     tarinfo=_BoundedTarInfo)
+                with tf:
+                    while (member := tf.next()) is not None:
+                        # tarfile keeps every member it has read: a layer may hold millions
+                        tf.members.clear()  # type: ignore[attr-defined]
                         check_header(member, what)
                         try:
                             ex.entry(tf, member)
