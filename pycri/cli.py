@@ -1,4 +1,4 @@
-"""Command line: `pycri serve | config | check | version`."""
+"""Command line: `pycri serve | config | check | pull | pulls | version`."""
 
 from __future__ import annotations
 
@@ -122,6 +122,68 @@ def check(config_path: Path | None, **overrides: Any) -> None:
     if failed:
         click.echo(f"pycri check: {failed} required check{'s' * (failed > 1)} failed", err=True)
     sys.exit(1 if failed else 0)
+
+
+def _daemon_socket(config_path: Path | None, overrides: dict[str, Any]) -> Path:
+    return _load(config_path, check_binaries=False, **overrides).socket_path
+
+
+@main.command("pull")
+@click.argument("image")
+@click.option("--creds", default=None, metavar="USER[:PASSWORD]",
+              help="registry credentials (never printed)")
+@_config_options
+def pull_cmd(image: str, creds: str | None, config_path: Path | None,
+             **overrides: Any) -> None:
+    """Pull IMAGE through the daemon, showing its progress: bars on a terminal, a plain
+    line per phase (and every few seconds) otherwise."""
+    import grpc
+
+    from pycri import watch
+    from pycri.api import api_pb2 as cri
+    from pycri.errors import InvalidArgument
+    from pycri.image import reference
+
+    try:
+        normalized = str(reference.parse(image))
+    except InvalidArgument as e:
+        click.echo(f"pycri pull: {e}", err=True)
+        sys.exit(2)
+    auth = None
+    if creds is not None:
+        user, _, password = creds.partition(":")
+        auth = cri.AuthConfig(username=user, password=password)
+    ch = watch.channel(_daemon_socket(config_path, overrides))
+    try:
+        image_id = watch.pull(ch, image, normalized, sys.stdout, sys.stdout.isatty(), auth)
+    except grpc.RpcError as e:
+        click.echo(f"pycri pull: {e.code().name}: {e.details()}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    click.echo(f"pulled {normalized}: {image_id}")
+
+
+@main.command("pulls")
+@click.option("--watch", "live", is_flag=True, help="show them live until ^C")
+@_config_options
+def pulls_cmd(live: bool, config_path: Path | None, **overrides: Any) -> None:
+    """Show the pulls the daemon has in flight: phase, bytes, rate, ETA per layer."""
+    import grpc
+
+    from pycri import watch
+
+    ch = watch.channel(_daemon_socket(config_path, overrides))
+    try:
+        if live:
+            watch.watch_pulls(ch, sys.stdout, sys.stdout.isatty())
+        else:
+            watch.print_pulls(watch.list_pulls(ch), sys.stdout)
+    except grpc.RpcError as e:
+        click.echo(f"pycri pulls: {e.code().name}: {e.details()}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        pass
 
 
 @main.command()

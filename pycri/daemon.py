@@ -32,6 +32,7 @@ import grpc
 from pycri import malloc, metrics, metrics_listener, procs, reload, statemetrics
 from pycri.api import api_pb2 as pb
 from pycri.api import api_pb2_grpc as pb_grpc
+from pycri.api import pulls_pb2_grpc
 from pycri.cadvisor import door as cadvisor_door
 from pycri.config import Config, ConfigError, NRIConfig
 from pycri.container.manager import ContainerManager
@@ -51,6 +52,7 @@ from pycri.recovery import Recovery
 from pycri.sandbox.manager import SandboxManager
 from pycri.server import wire
 from pycri.server.image_service import ImageServicer
+from pycri.server.pulls_service import PullsServicer
 from pycri.server.runtime_service import RuntimeServicer
 from pycri.sockproxy import SocketProxy
 from pycri.status import NodeStatus
@@ -266,6 +268,8 @@ class Daemon:
                       RuntimeServicer(node, sandboxes, containers, streaming), server)
         wire.register(pb_grpc.add_ImageServiceServicer_to_server,
                       ImageServicer(images, cfg.lists), server)
+        wire.register(pulls_pb2_grpc.add_PullsServicer_to_server, PullsServicer(images),
+                      server)
         if server.add_insecure_port(f"unix:{sock}") == 0:
             raise DaemonError(f"cannot listen on {sock}")
         await server.start()

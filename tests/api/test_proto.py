@@ -20,7 +20,9 @@ def test_stubs_are_current(tmp_path: Path) -> None:
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
         cwd=REPO,
     )
-    stubs = [("cri", "pycri/api", n) for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py")]
+    stubs = [("cri", "pycri/api", n) for n in ("api_pb2.py", "api_pb2.pyi", "api_pb2_grpc.py",
+                                                "pulls_pb2.py", "pulls_pb2.pyi",
+                                                "pulls_pb2_grpc.py")]
     stubs += [("nri", "pycri/nri/api", n) for n in ("api_pb2.py", "api_pb2.pyi")]
     stubs += [("cadvisor", "pycri/cadvisor/api", n)
               for n in ("containerd_pb2.py", "containerd_pb2.pyi")]

@@ -364,6 +364,29 @@ class HoldFront(_FrontBase):
         h.close_connection = True
 
 
+class PaceFront(_FrontBase):
+    """Blob bodies go `chunk` bytes every `delay` seconds; everything else at once."""
+
+    def __init__(self, upstream: str, chunk: int, delay: float) -> None:
+        super().__init__(upstream)
+        self.chunk, self.delay = chunk, delay
+
+    def handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
+        if "/blobs/" not in h.path:
+            self.forward(h)
+            return
+        body = self.fetch(h)
+        try:
+            for i in range(0, len(body), self.chunk):
+                if self.stopping.wait(self.delay):
+                    return
+                h.wfile.write(body[i : i + self.chunk])
+                h.wfile.flush()
+        except OSError:
+            pass
+        h.close_connection = True
+
+
 @dataclass
 class Trickle:
     """One body sent byte by byte: when it ended (None: still going) and how."""
