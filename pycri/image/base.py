@@ -53,6 +53,12 @@ def _rmtrees(paths: Iterable[Path]) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def _make_client(cfg: ImagesConfig) -> RegistryClient:
+    from pycri.image.registry import RegistryClient
+
+    return RegistryClient(cfg)
+
+
 class ImageBase:
     """The attributes every mixin of ImageManager shares, declared once so mypy checks
     each mixin against them."""
@@ -90,10 +96,19 @@ class ImageBase:
     @property
     def client(self) -> RegistryClient:
         if self._client is None:
-            from pycri.image.registry import RegistryClient
-
-            self._client = RegistryClient(self._cfg)
+            self._client = _make_client(self._cfg)
         return self._client
+
+    async def connect(self) -> None:
+        """Make the registry client in a worker thread, once: importing httpx and
+        loading the system's CA store held the event loop for ~0.2 s on a node's
+        first pull, and every other call with it."""
+        if self._client is None:
+            client = await asyncio.to_thread(_make_client, self._cfg)
+            if self._client is None:
+                self._client = client
+            else:  # another pull made one meanwhile
+                await client.aclose()
 
     async def close(self) -> None:
         await self.reaped()

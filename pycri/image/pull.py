@@ -122,6 +122,7 @@ class ImagePull(ImageBase):
                     state: PullProgress) -> str:
         if auth is not None:
             auth.basic()  # a malformed `auth` field fails before any network traffic
+        await self.connect()
         conf = RegistriesConf.load(self._cfg.registries_conf, self._cfg.registries_conf_dir)
         endpoints = conf.endpoints(r)
         held: builtins.list[str] = []
