@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from pycri import metrics
 
-PHASES = ("resolving", "downloading", "committing")
+PHASES = ("resolving", "downloading", "committing")  # "unpacking" is shown, not timed
 RATE_WINDOW = 5.0  # seconds of samples a rate is taken over
 LOG_EVERY = 10.0  # seconds between two progress lines of one long pull
 
@@ -82,6 +82,16 @@ class PullProgress:
         metrics.PULL_PHASE_SECONDS.labels(self.phase).observe(now - self.phase_started)
         self.phase, self.phase_started = phase, now
 
+    def shown_phase(self) -> str:
+        """The phase as an operator sees it: "unpacking" once every layer is in but
+        not every one is unpacked yet (within "downloading" for /metrics, since a
+        streamed layer unpacks while it downloads)."""
+        if self.phase == "downloading" and self.layers \
+                and all(x.done or x.fetched >= x.size for x in self.layers) \
+                and not all(x.done for x in self.layers):
+            return "unpacking"
+        return self.phase
+
     def fetched(self) -> tuple[int, int]:
         """(bytes fetched, bytes to fetch) over its layers."""
         return sum(x.fetched for x in self.layers), sum(x.size for x in self.layers)
@@ -89,7 +99,7 @@ class PullProgress:
     def fields(self, now: float) -> dict[str, object]:
         """Its state as a log line's fields: phase, bytes, rate, layers done."""
         got, total = self.fetched()
-        return {"image": self.reference, "phase": self.phase,
+        return {"image": self.reference, "phase": self.shown_phase(),
                 "seconds": round(now - self.started, 1), "bytes": got, "total_bytes": total,
                 "bytes_per_second": round(sum(x.rate(now) for x in self.layers)),
                 "layers_done": sum(1 for x in self.layers if x.done),
@@ -151,7 +161,8 @@ class Progress:
 
     def snapshot(self) -> list[PullView]:
         now = time.monotonic()
-        return [PullView(p.reference, p.phase, p.started_ns, now - p.started, p.clients(),
+        return [PullView(p.reference, p.shown_phase(), p.started_ns, now - p.started,
+                         p.clients(),
                          tuple(LayerView(x.digest, x.size, x.fetched, x.read(), x.rate(now),
                                          x.eta(now), x.endpoint, x.done) for x in p.layers))
                 for p in self._pulls.values()]

@@ -61,7 +61,7 @@ async def _log_progress(state: PullProgress) -> None:
         await asyncio.sleep(LOG_EVERY)
         fields = state.fields(time.monotonic())
         log.info("pull of %s: %s, %s of %s bytes, %s layer(s) of %s done", state.reference,
-                 state.phase, fields["bytes"], fields["total_bytes"], fields["layers_done"],
+                 fields["phase"], fields["bytes"], fields["total_bytes"], fields["layers_done"],
                  fields["layers"], extra={"fields": fields})
 
 
@@ -285,6 +285,8 @@ class ImagePull(ImageBase):
                             layer: schema.Descriptor, diff_id: str, chain: str) -> None:
         if not self._unpacked(chain):
             if self.content.has(layer.digest):  # kept from an earlier pull
+                progress = self.progress.layer(chain, layer.digest, layer.size)
+                progress.fetched = layer.size  # nothing to fetch: it is unpacking
                 await self._shared("unpack:" + chain,
                                    lambda: self._unpack(layer, diff_id, chain))
             else:

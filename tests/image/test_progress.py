@@ -78,3 +78,25 @@ def test_rate_and_eta_follow_the_last_seconds() -> None:
     assert layer.eta(4.0 + RATE_WINDOW + 0.1) is None
     layer.restart("mirror")
     assert layer.fetched == 0 and layer.endpoint == "mirror" and layer.rate(5.0) == 0
+
+
+def test_a_pull_whose_bytes_are_all_in_shows_unpacking() -> None:
+    from pycri.image.progress import LayerProgress, Progress
+
+    progress = Progress()
+    state = progress.begin("key", "example/app:v1", lambda: 1)
+    a = progress.layer("chain-a", "sha256:" + "a" * 64, 10)
+    b = progress.layer("chain-b", "sha256:" + "b" * 64, 20)
+    state.layers = [a, b]
+    state.enter("downloading")
+    a.fetch(10, 0.0)
+    b.fetch(5, 0.0)
+    assert progress.snapshot()[0].phase == "downloading"
+    b.fetch(15, 0.1)
+    a.done = True
+    assert progress.snapshot()[0].phase == "unpacking"  # b is in, not yet unpacked
+    b.done = True
+    assert progress.snapshot()[0].phase == "downloading"  # all done: commit is next
+    assert isinstance(progress.layer("chain-a", a.digest, 10), LayerProgress)
+    progress.end("key")
+    assert progress.snapshot() == [] and progress._layers == {}
