@@ -6,12 +6,14 @@ default /usr/lib/x86_64-linux-gnu (big shared libraries), /usr/share (~54,000 sm
 files) and a third tree, over 1.5 GB and 50,000 files unpacked, pushes it to a local
 registry, then measures, round by round and interleaved:
 
-  each endpoint   RemoveImage (and a wait until its disk is back), then a timed
-                  PullImage, with the daemon's CPU (/proc/PID/stat, its own and its
-                  reaped children's), Version every 10 ms meanwhile (p50/p99), and
-                  the daemon root's disk use after, less the use before
-  floor           `gzip -dc BLOB | tar -x` of the same blobs, one after another,
-                  with no runtime: what the disk and one inflater take
+  each endpoint   RemoveImage, a wait until its disk is back, --settle seconds of
+                  quiet (see quiet()), then a timed PullImage with the daemon's CPU
+                  (/proc/PID/stat, its own and its reaped children's), Version every
+                  10 ms meanwhile (p50/p99), and the daemon root's disk use after,
+                  less the use before
+  floor           after the same quiet, `gzip -dc BLOB | tar -x` of the same blobs,
+                  one after another, with no runtime: what the disk and one inflater
+                  take
 
 and prints medians and the ratios the issue asks of pycri (issue 40), the first
 endpoint against each other one. It starts no daemon; each endpoint is
@@ -210,10 +212,10 @@ class Endpoint:
             last = now
             time.sleep(2)
 
-    def pull(self, ref: str) -> None:
+    def pull(self, ref: str, settle: float) -> None:
         self.absent(ref)
-        subprocess.run(["sync"], check=True)
         before = disk_use(self.root)
+        quiet(settle)
         stop = threading.Event()
         lat: list[float] = []
 
@@ -239,11 +241,24 @@ class Endpoint:
               f"{quantile(lat, 0.99):.1f} ms, disk +{self.disks[-1] / 1e9:.2f} GB", flush=True)
 
 
-def floor(layout: Path, layers: list[dict[str, object]], work: Path) -> tuple[float, int]:
+def quiet(settle: float) -> None:
+    """Sync, then wait `settle` seconds. On ext4 without a journal (the root of the
+    machine these figures come from) an inode freed in the last minute (five, while
+    its inode table block is dirty) is skipped by the allocator, one by one, so right
+    after a removal of 60,000 files every file created costs several times more: a
+    timed run must not start in the wake of the last one's removal. Better still, put
+    the daemons' roots and --floor-dir on one journaled ext4 made for the run, where
+    the allocator does not look back (docs/benchmarks.md)."""
+    subprocess.run(["sync"], check=True)
+    time.sleep(settle)
+
+
+def floor(layout: Path, layers: list[dict[str, object]], work: Path,
+          settle: float) -> tuple[float, int]:
     """`gzip -dc | tar -x` of every blob in order into one fresh dir: (seconds, bytes)."""
     dest = Path(tempfile.mkdtemp(dir=work, prefix="floor-"))
     try:
-        subprocess.run(["sync"], check=True)
+        quiet(settle)
         t = time.monotonic()
         for lay in layers:
             blob = layout / "blobs" / "sha256" / str(lay["digest"])[7:]
@@ -267,8 +282,12 @@ def main() -> None:
     ap.add_argument("--registry", required=True, help="a plain-http registry on loopback")
     ap.add_argument("--endpoint", action="append", required=True, help="NAME=SOCKET=ROOT")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--settle", type=float, default=65.0,
+                    help="seconds of quiet before each timed run (see quiet())")
     ap.add_argument("--trees", default=TREES, help="comma-separated host trees, a layer each")
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/pycri-bigpull"))
+    ap.add_argument("--floor-dir", type=Path,
+                    help="where the floor unpacks (default --work): the daemons' filesystem")
     ap.add_argument("--json", type=Path, help="write the samples here too")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -286,8 +305,8 @@ def main() -> None:
     for r in range(args.rounds):
         print(f"== round {r + 1}", flush=True)
         for ep in (eps if r % 2 == 0 else eps[::-1]):
-            ep.pull(ref)
-        wall, unpacked = floor(layout, layers, args.work)
+            ep.pull(ref, args.settle)
+        wall, unpacked = floor(layout, layers, args.floor_dir or args.work, args.settle)
         floors.append(wall)
         print(f"  floor: {wall:.1f} s, {unpacked / 1e9:.2f} GB on disk", flush=True)
     for ep in eps:
