@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -446,14 +449,38 @@ def _many_files_image(reg: Registry, layout: Path, n: int = 2000) -> tuple[str, 
     return ref, len(images.compress(images.tar_bytes(entries), "gzip"))
 
 
+def _one_mirror(tmp_path: Path, registry: str, mirror: str) -> None:
+    """registries.conf: `registry` (plain http) with one mirror, `mirror`, before it."""
+    (tmp_path / "registries.conf").write_text(f"""
+[[registry]]
+prefix = "{registry}"
+location = "{registry}"
+insecure = true
+[[registry.mirror]]
+location = "{mirror}"
+insecure = true
+""")
+
+
+@contextlib.contextmanager
+def _held(tmp_path: Path, **front: Any) -> Iterator[tuple[Registry, HoldFront, str]]:
+    """A registry with `_many_files_image`, a HoldFront before it (its `front`
+    settings), and the image's reference at the registry; all stopped at the end."""
+    reg = Registry(tmp_path / "reg").start()
+    hold = HoldFront(reg.addr, **front)
+    hold.start()
+    try:
+        yield reg, hold, _many_files_image(reg, tmp_path / "layout")[0]
+    finally:
+        hold.release.set()
+        hold.stop()
+        reg.stop()
+
+
 async def test_a_layer_unpacks_while_it_downloads(make_manager: Maker, tmp_path: Path) -> None:
     """Issue 40, item 1: a layer's files are written as its bytes arrive, and no
     compressed copy of it touches the disk (it is not kept)."""
-    reg = Registry(tmp_path / "reg").start()
-    front = HoldFront(reg.addr, over=100_000)
-    front.start()
-    try:
-        ref, _ = _many_files_image(reg, tmp_path / "layout")
+    with _held(tmp_path, over=100_000) as (reg, front, ref):
         m = make_manager()
         pulling = asyncio.ensure_future(m.pull(ref.replace(reg.addr, front.addr)))
         assert await asyncio.to_thread(front.holding.wait, 20), "the layer was never asked for"
@@ -475,21 +502,13 @@ async def test_a_layer_unpacks_while_it_downloads(make_manager: Maker, tmp_path:
         (chain,) = m._store.get(IMAGE, iid)["chain_ids"]  # type: ignore[index]
         assert len(list((m.root / "layers" / chain / "d").iterdir())) == 2000
         assert list((m.root / "tmp").iterdir()) == []
-    finally:
-        front.release.set()
-        front.stop()
-        reg.stop()
 
 
 async def test_a_held_download_cancelled_leaves_nothing(make_manager: Maker,
                                                         tmp_path: Path) -> None:
     """The last client gone mid-layer: the download stops, the unpack stops with it and
     removes what it made; the next pull succeeds."""
-    reg = Registry(tmp_path / "reg").start()
-    front = HoldFront(reg.addr, over=100_000)
-    front.start()
-    try:
-        ref, _ = _many_files_image(reg, tmp_path / "layout")
+    with _held(tmp_path, over=100_000) as (reg, front, ref):
         m = make_manager()
         pulling = asyncio.ensure_future(m.pull(ref.replace(reg.addr, front.addr)))
         assert await asyncio.to_thread(front.holding.wait, 20)
@@ -499,10 +518,6 @@ async def test_a_held_download_cancelled_leaves_nothing(make_manager: Maker,
             await pulling
         _empty_state(m)
         assert await m.pull(ref)
-    finally:
-        front.release.set()
-        front.stop()
-        reg.stop()
 
 
 async def test_a_mirror_serving_wrong_bytes_gives_way(make_manager: Maker,
@@ -511,20 +526,8 @@ async def test_a_mirror_serving_wrong_bytes_gives_way(make_manager: Maker,
     before the digest can be checked): the registry is tried next, and the pull
     succeeds with nothing of the bad bytes left. Bad bytes from the only endpoint
     are its DigestMismatch, not the unpack's complaint about them."""
-    reg = Registry(tmp_path / "reg").start()
-    bad = HoldFront(reg.addr, over=1 << 30, corrupt=True)
-    bad.start()
-    try:
-        ref, _ = _many_files_image(reg, tmp_path / "layout")
-        (tmp_path / "registries.conf").write_text(f"""
-[[registry]]
-prefix = "{reg.addr}"
-location = "{reg.addr}"
-insecure = true
-[[registry.mirror]]
-location = "{bad.addr}"
-insecure = true
-""")
+    with _held(tmp_path, over=1 << 30, corrupt=True) as (reg, bad, ref):
+        _one_mirror(tmp_path, reg.addr, bad.addr)
         m = make_manager()
         iid = await m.pull(ref)
         assert any("/blobs/" in r for r in bad.requests)
@@ -536,9 +539,6 @@ insecure = true
         with pytest.raises(DigestMismatch):
             await alone.pull(ref.replace(reg.addr, bad.addr))
         _empty_state(alone)
-    finally:
-        bad.stop()
-        reg.stop()
 
 
 async def test_parallel_streamed_layers_match_a_serial_unpack(make_manager: Maker,
@@ -576,15 +576,7 @@ async def test_a_trickling_mirror_gives_way_to_the_next(make_manager: Maker, reg
     front = TrickleFront(registry.addr, delay=0.3, what="/blobs/")
     front.start()
     try:
-        (tmp_path / "registries.conf").write_text(f"""
-[[registry]]
-prefix = "{registry.addr}"
-location = "{registry.addr}"
-insecure = true
-[[registry.mirror]]
-location = "{front.addr}"
-insecure = true
-""")
+        _one_mirror(tmp_path, registry.addr, front.addr)
         m = make_manager(pull_progress_timeout=1.0)
         t0 = time.monotonic()
         iid = await m.pull(refs["busybox"])
