@@ -119,8 +119,14 @@ def test_pull_on_a_terminal_draws_bars(node: Node, registry: Registry, tmp_path:
         front.stop()
 
 
+def _interruptible() -> None:
+    """SIGINT as at a terminal: a shell's background job (CI's) passes it on ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_pulls_watch_on_a_pipe_writes_a_block_a_second_until_interrupted(node: Node) -> None:
-    p = subprocess.Popen(_cli(node, "pulls", "--watch"), stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(_cli(node, "pulls", "--watch"), stdout=subprocess.PIPE, text=True,
+                         preexec_fn=_interruptible)
     time.sleep(2.5)
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=10)
