@@ -55,6 +55,7 @@ async def test_hostile_image(name: str, make_manager: Maker, hostile_registry: H
             assert e.value.code() == status_code(cls("")), e.value.details()
             assert re.search(pattern, e.value.details() or ""), e.value.details()
         assert not (await stub.ListImages(pb.ListImagesRequest())).images
+    await m.reaped()  # a removed image's files go after RemoveImage has answered
     _empty_state(m)
     assert hostile.snapshot(canary) == before
 
