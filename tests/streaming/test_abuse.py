@@ -361,7 +361,7 @@ def test_unread_input_of_all_sessions_is_bounded_and_given_back(node: Node) -> N
     async def fill(raw: abuse.Raw) -> None:
         await abuse.open_channels(raw, ["error", "stdin", "stdout"])
         with contextlib.suppress(TimeoutError):  # the server stops reading: pushed back
-            await asyncio.wait_for(_send_all(raw, spdy.DataFrame(3, chunk), 64), 3)
+            await asyncio.wait_for(_send_all(raw, spdy.DataFrame(3, chunk), 64), 10)
 
     async def attack() -> list[abuse.Raw]:
         raws = []
