@@ -257,11 +257,7 @@ class ImagePull(ImageBase):
 
     async def _download(self, eps: builtins.list[Endpoint], auth: Auth | None, digest: str,
                         size: int) -> None:
-        if size > await asyncio.to_thread(self._free_space):  # statvfs may block (NFS)
-            raise errors.ResourceExhausted(
-                f"blob {digest} of {size} bytes does not fit in the free space of {self.root} "
-                "(less images.free_space_reserve)"
-            )
+        await self._room_for(digest, size)
         last: errors.PycriError | None = None
         async with self._sem:
             for ep in eps:
@@ -304,10 +300,8 @@ class ImagePull(ImageBase):
         if self._unpacked(chain):
             return
         keep = self._cfg.keep_layer_blobs
-        if keep and layer.size > await asyncio.to_thread(self._free_space):
-            raise errors.ResourceExhausted(
-                f"blob {layer.digest} of {layer.size} bytes does not fit in the free space of "
-                f"{self.root} (less images.free_space_reserve)")
+        if keep:
+            await self._room_for(layer.digest, layer.size)
         last: errors.PycriError | None = None
         progress = self.progress.layer(chain, layer.digest, layer.size)
         async with self._sem:
@@ -348,8 +342,7 @@ class ImagePull(ImageBase):
 
         async def feed(chunk: bytes) -> None:
             progress.fetch(len(chunk), time.monotonic())
-            if not pipe.closed:
-                await pipe.put(chunk)
+            await pipe.put(chunk)  # nothing is queued once the unpack has stopped
 
         progress.read = lambda: pipe.taken
 
@@ -373,6 +366,14 @@ class ImagePull(ImageBase):
                 unpacking.exception()  # raised above, or the download's error is the one
             w.abort()
         self._record_layer(chain, diff_id, used, inodes)
+
+    async def _room_for(self, digest: str, size: int) -> None:
+        """ResourceExhausted unless a blob of `size` bytes fits in the free space."""
+        if size > await asyncio.to_thread(self._free_space):  # statvfs may block (NFS)
+            raise errors.ResourceExhausted(
+                f"blob {digest} of {size} bytes does not fit in the free space of {self.root} "
+                "(less images.free_space_reserve)"
+            )
 
     def _free_space(self) -> int:
         """Bytes pycri may still fill on the image filesystem (a reserve stays for others)."""
